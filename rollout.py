@@ -1,0 +1,199 @@
+"""The multi-turn POMDP rollout: many episodes of a text environment played at once, turn by turn.
+
+Paper, section 2 (the agent-environment loop): at each turn the policy reads the whole history and
+emits a thought and an action; the environment answers with an observation, a reward and a done flag,
+until done or the turn budget of the horizon schedule (ScalingInter-RL) runs out.
+
+Each turn of `rollout()`:
+  1. one batched `engine.generate` over every live episode (the prompt is the episode's token ids);
+  2. the env steps of those episodes run concurrently in a thread pool (results kept in order);
+  3. the observation is appended as tokens, unless the episode ended.
+
+Token-exact bookkeeping (DESIGN.md): the ids the sampler produced are the ids that are trained on,
+end-of-turn token included; the history is never decoded and re-encoded. Observation tokens come
+from rendering the model's own chat template around placeholders and taking the text difference
+(`ChatFormat`), so any HF chat template works, not only ChatML. `mask` is 1 exactly on sampled tokens.
+The episode's reward is the env's last reward and belongs on the last sampled token (`reward_index`);
+the original put it on an observation token that the loss mask excluded.
+
+Departures from the original: episodes end cleanly at a context-length cap; an env that raises is
+caught, its episode flagged `env_error` and the env replaced, while the other episodes go on.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from engine import Sampling
+
+REPLY, OBS = "<<REPLY-PLACEHOLDER>>", "<<OBSERVATION-PLACEHOLDER>>"
+
+
+class ChatFormat:
+    """Turns chat messages into token ids through the tokenizer's own chat template."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        before = self.render(base + [{"role": "assistant", "content": REPLY}], generation_prompt=False)
+        after = self.render(base + [{"role": "assistant", "content": REPLY}, {"role": "user", "content": OBS}])
+        if not after.startswith(before) or REPLY not in before:
+            raise ValueError("this chat template re-renders earlier turns when a turn is added; "
+                             "multi-turn token bookkeeping needs a template whose history is append-only")
+        close = before[before.index(REPLY) + len(REPLY):]      # e.g. "<|im_end|>\n"
+        self.obs_open, self.obs_close = after[len(before):].split(OBS)
+        eos = tokenizer.eos_token or ""
+        if not eos or not close.startswith(eos):
+            raise ValueError(f"the template closes an assistant turn with {close!r}, which does not start with "
+                             f"the tokenizer's eos token {eos!r}; set eos_token to the end-of-turn token")
+        self.stop_ids = (tokenizer.eos_token_id,)
+        self.close_after_stop = close[len(eos):]             # what follows the sampled stop token, e.g. "\n"
+        self.close = close                                    # what closes a turn cut off by a token cap
+
+    def render(self, messages: list[dict], generation_prompt: bool = True) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def encode(self, text: str, plain: bool = False) -> list[int]:
+        # plain=True: special-token strings inside env text stay text (no role injection from observations)
+        return self.tok(text, add_special_tokens=False, split_special_tokens=plain)["input_ids"]
+
+    def prompt(self, system: str, first_observation: str) -> list[int]:
+        return self.encode(self.render([{"role": "system", "content": system},
+                                        {"role": "user", "content": first_observation}]))
+
+    def observation(self, text: str, stopped: bool) -> list[int]:
+        """Tokens after a sampled reply: close the assistant turn, the user turn, the next assistant header."""
+        head = (self.close_after_stop if stopped else self.close) + self.obs_open
+        return self.encode(head) + self.encode(text, plain=True) + self.encode(self.obs_close)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+
+@dataclass
+class Episode:
+    task_id: int
+    group: int                  # episodes sampled for the same task share a group (GRPO/RLOO baselines)
+    ids: list[int]              # prompt, then assistant and observation tokens
+    prompt_len: int
+    mask: list[int] = field(default_factory=list)         # over ids[prompt_len:]: 1 on sampled tokens
+    logprobs: list[float] = field(default_factory=list)   # over ids[prompt_len:]: sampler logprob, 0 elsewhere
+    reward: float = 0.0         # last env reward, scaled to [-1, 1]
+    success: bool = False
+    turns: int = 0
+    end: str = ""               # done | horizon | context | env_error
+    error: str = ""
+    messages: list[dict] = field(default_factory=list)    # the transcript, for logs
+
+    @property
+    def response(self) -> list[int]:
+        return self.ids[self.prompt_len:]
+
+    @property
+    def reward_index(self) -> int:
+        """Index into `response` of the last sampled token, where the reward belongs (-1 if none)."""
+        return max((i for i, m in enumerate(self.mask) if m), default=-1)
+
+    def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
+        self.ids += ids
+        self.mask += [int(sampled)] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+
+def _call(fn, *args):
+    """Run an env call, turning any exception into a value: the env boundary must not kill the batch."""
+    try:
+        return fn(*args), None
+    except Exception as exc:  # noqa: BLE001 - any simulator failure becomes a flagged episode
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object], tasks: list[tuple[int, int]],
+            max_turns: int, max_tokens: int = 256, max_context: int = 4096, temperature: float = 1.0,
+            top_p: float = 1.0, seed: int | None = None, pool: ThreadPoolExecutor | None = None):
+    """Play one episode per (task_id, group) in `tasks`, the i-th on `envs[i]`.
+
+    Returns (episodes, timing) with timing seconds for "generate", "env" and "other" (our bookkeeping).
+    `envs[i]` is replaced in place by `make_env()` when it raised, so the caller's pool stays usable.
+    """
+    if len(envs) < len(tasks):
+        raise ValueError(f"{len(tasks)} episodes need as many env instances; got {len(envs)}")
+    own_pool = pool is None
+    pool = pool or ThreadPoolExecutor(max_workers=min(32, len(tasks)) or 1)
+    timing = {"generate": 0.0, "env": 0.0, "other": 0.0}
+    start = time.perf_counter()
+
+    t = time.perf_counter()
+    firsts = list(pool.map(lambda i: _call(envs[i].reset, tasks[i][0]), range(len(tasks))))
+    timing["env"] += time.perf_counter() - t
+    episodes = []
+    for i, ((task_id, group), (obs, err)) in enumerate(zip(tasks, firsts)):
+        system = envs[i].instruction if err is None else ""
+        ep = Episode(task_id, group, [], 0, messages=[{"role": "system", "content": system}])
+        if err is not None:
+            ep.end, ep.error = "env_error", err
+            envs[i] = _replace(envs[i], make_env)
+        else:
+            ep.ids = chat.prompt(system, obs)
+            ep.prompt_len = len(ep.ids)
+            ep.messages.append({"role": "user", "content": obs})
+            if ep.prompt_len >= max_context:
+                ep.end = "context"
+        episodes.append(ep)
+
+    for turn in range(max_turns):
+        live = [i for i, ep in enumerate(episodes) if not ep.end]
+        if not live:
+            break
+        caps = [min(max_tokens, max_context - len(episodes[i].ids)) for i in live]
+        t = time.perf_counter()
+        samples = engine.generate([episodes[i].ids for i in live], Sampling(
+            caps, temperature, top_p, None if seed is None else seed + 7919 * turn, chat.stop_ids))
+        timing["generate"] += time.perf_counter() - t
+
+        texts = []
+        for i, s in zip(live, samples):
+            episodes[i].append(s.ids, True, s.logprobs)
+            episodes[i].turns += 1
+            texts.append(chat.decode(s.ids))
+            episodes[i].messages.append({"role": "assistant", "content": texts[-1]})
+        t = time.perf_counter()
+        results = list(pool.map(lambda a: _call(envs[a[0]].step, a[1]), zip(live, texts)))
+        timing["env"] += time.perf_counter() - t
+
+        for i, s, (result, err) in zip(live, samples, results):
+            ep, env = episodes[i], envs[i]
+            if err is None and getattr(env, "crashed", False):
+                err = getattr(env, "error", None) or "simulator crashed"
+            if err is not None:
+                ep.end, ep.error = "env_error", err
+                envs[i] = _replace(env, make_env)
+                continue
+            obs, ep.reward, done = result
+            ep.success = bool(getattr(env, "success", False))
+            if done:
+                ep.end = "done"
+                continue
+            if turn + 1 == max_turns:
+                ep.end = "horizon"
+                continue
+            stopped = bool(s.ids) and s.ids[-1] in chat.stop_ids
+            obs_ids = chat.observation(obs, stopped)
+            if len(ep.ids) + len(obs_ids) >= max_context:  # no room left for another reply
+                ep.end = "context"
+                continue
+            ep.append(obs_ids, False)
+            ep.messages.append({"role": "user", "content": obs})
+    for ep in episodes:
+        ep.end = ep.end or "horizon"
+    if own_pool:
+        pool.shutdown()
+    timing["other"] = time.perf_counter() - start - timing["generate"] - timing["env"]
+    return episodes, timing
+
+
+def _replace(env, make_env):
+    _call(env.close)
+    return make_env()

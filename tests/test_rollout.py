@@ -1,0 +1,191 @@
+"""Rollout tests with the tiny model, for both engines: token-exact masks, reward placement, caps,
+failing environments. The engines and the model are real; only the environments are toys."""
+import copy
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+import engine as engines
+import tiny
+from rollout import ChatFormat, rollout
+from tests.toy import Digits, Exploding
+
+LLAMA3 = ("{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
+          "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
+          "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}")
+QWEN25 = ("{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+          "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+          "{%- endif %}{%- for message in messages %}{%- if message.role == 'user' or (message.role == 'system' "
+          "and not loop.first) or message.role == 'assistant' %}{{- '<|im_start|>' + message.role + '\\n' + "
+          "message.content + '<|im_end|>' + '\\n' }}{%- endif %}{%- endfor %}"
+          "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return tiny.tiny_model_dir()
+
+
+def tokenizer_for(model_dir, template):
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if template == "llama3":  # the padded embedding rows give room for Llama 3's special tokens
+        tok.add_special_tokens({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+                                "additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>"]})
+        tok.chat_template = LLAMA3
+    elif template == "qwen2.5":
+        tok.chat_template = QWEN25
+    return tok
+
+
+@pytest.fixture(scope="module", params=["hf", "vllm"])
+def engine(request, model_dir):
+    if request.param == "vllm" and not engines.vllm_available():
+        pytest.skip("vLLM is not installed")
+    eng = engines.make_engine(model_dir, request.param, max_model_len=2048)
+    eng.sync_weights(eos_prone_state(model_dir).items())
+    return eng
+
+
+def eos_prone_state(model_dir):
+    """Tiny-model weights under which end-of-turn tokens have a few percent probability per position,
+    so that replies both stop on them and hit the token cap: their output rows point along the mean
+    final hidden state."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        mean = model.model(torch.randint(0, 1400, (4, 40), generator=gen)).last_hidden_state.mean((0, 1))
+        for token in {tokenizer_for(model_dir, t).eos_token_id for t in ("tiny", "llama3")}:
+            model.model.embed_tokens.weight[token] = 1.6 * mean / mean.norm()
+    return model.state_dict()
+
+
+class Recorder:
+    """Wraps an engine and keeps what it sampled, to compare with the ids that will be trained on."""
+
+    def __init__(self, engine):
+        self.engine, self.samples = engine, []
+
+    def generate(self, prompts, params):
+        out = self.engine.generate(prompts, params)
+        self.samples += [s.ids for s in out]
+        return out
+
+
+def runs(mask):
+    """Contiguous index runs where mask == 1."""
+    out, cur = [], []
+    for i, m in enumerate(mask):
+        if m:
+            cur.append(i)
+        elif cur:
+            out.append(cur)
+            cur = []
+    return out + ([cur] if cur else [])
+
+
+@pytest.mark.parametrize("template", ["tiny", "qwen2.5", "llama3"])
+def test_mask_is_exactly_the_sampled_tokens(engine, model_dir, template):
+    tok = tokenizer_for(model_dir, template)
+    chat = ChatFormat(tok)
+    rec = Recorder(engine)
+    tasks = [(t, t) for t in range(6)]
+    envs = [Digits(turns=3) for _ in tasks]
+    episodes, timing = rollout(rec, chat, envs, Digits, tasks, max_turns=3, max_tokens=12, seed=1)
+    assert set(timing) == {"generate", "env", "other"}
+    trained = []
+    stopped = 0
+    for ep in episodes:
+        assert len(ep.mask) == len(ep.logprobs) == len(ep.response)
+        assert ep.end in ("done", "horizon") and ep.turns == 3
+        replies = [m["content"] for m in ep.messages if m["role"] == "assistant"]
+        groups = runs(ep.mask)
+        assert len(groups) == len(replies) == ep.turns
+        for idx, reply in zip(groups, replies):
+            ids = [ep.response[i] for i in idx]
+            trained.append(ids)
+            assert chat.decode(ids) == reply
+            assert len(ids) <= 12
+            stopped += ids[-1] in chat.stop_ids
+            assert all(-1e9 < ep.logprobs[i] <= 0 for i in idx)
+        # unmasked tokens are the observations and template, with zero logprob
+        assert all(lp == 0 for lp, m in zip(ep.logprobs, ep.mask) if not m)
+        observations = [m["content"] for m in ep.messages if m["role"] == "user"][1:]
+        unmasked = chat.decode([t for t, m in zip(ep.response, ep.mask) if not m])
+        for obs in observations:
+            assert obs in unmasked
+        assert ep.reward_index == groups[-1][-1]
+    # sampled ids are the trained ids, one for one and in order
+    by_len = sorted(map(tuple, trained))
+    assert by_len == sorted(map(tuple, rec.samples))
+    assert 0 < stopped < len(trained), "both stopped and token-capped replies should occur"
+
+
+def test_prompt_is_the_template_rendering(engine, model_dir):
+    tok = tokenizer_for(model_dir, "tiny")
+    chat = ChatFormat(tok)
+    env = Digits()
+    episodes, _ = rollout(engine, chat, [env], Digits, [(5, 0)], max_turns=1, max_tokens=4, seed=0)
+    expected = tok.apply_chat_template([{"role": "system", "content": env.instruction},
+                                        {"role": "user", "content": Digits().reset(5)}],
+                                       add_generation_prompt=True, tokenize=False)
+    assert tok.decode(episodes[0].ids[:episodes[0].prompt_len]) == expected
+
+
+def test_horizon_context_and_turn_caps(engine, model_dir):
+    chat = ChatFormat(tokenizer_for(model_dir, "tiny"))
+    tasks = [(t, 0) for t in range(4)]
+    eps, _ = rollout(engine, chat, [Digits(turns=50) for _ in tasks], Digits, tasks, max_turns=2, max_tokens=5, seed=2)
+    assert all(e.end == "horizon" and e.turns == 2 for e in eps)
+    assert all(len(r) <= 5 for e in eps for r in runs(e.mask))
+    prompt_len = len(chat.prompt(Digits.instruction, Digits().reset(0)))
+    cap = prompt_len + 40
+    eps, _ = rollout(engine, chat, [Digits(turns=50) for _ in tasks], Digits, tasks, max_turns=50, max_tokens=8,
+                     max_context=cap, seed=3)
+    assert all(e.end == "context" and len(e.ids) <= cap for e in eps)
+    assert all(e.turns >= 1 for e in eps)
+    eps, _ = rollout(engine, chat, [Digits()], Digits, [(0, 0)], max_turns=3, max_context=5)
+    assert eps[0].end == "context" and eps[0].turns == 0 and eps[0].reward_index == -1
+
+
+def test_env_that_raises_is_flagged_and_replaced(engine, model_dir):
+    chat = ChatFormat(tokenizer_for(model_dir, "tiny"))
+    tasks = [(t, t) for t in range(6)]
+    envs = [Exploding(turns=3) for _ in tasks]
+    originals = list(envs)
+    eps, _ = rollout(engine, chat, envs, Exploding, tasks, max_turns=3, max_tokens=6, seed=4)
+    for (task, _), ep, env, old in zip(tasks, eps, envs, originals):
+        if task % 2:
+            assert ep.end == "env_error" and "simulator fell over" in ep.error and ep.turns == 2
+            assert env is not old
+        else:
+            assert ep.end == "done" and ep.turns == 3 and env is old
+
+
+def test_chat_format_rejects_templates_that_rewrite_history(model_dir):
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.chat_template = "{{ messages | length }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(ValueError, match="append-only"):
+        ChatFormat(tok)
+
+
+def test_vllm_weight_sync_changes_outputs_as_the_weights_say(model_dir):
+    if not engines.vllm_available():
+        pytest.skip("vLLM is not installed")
+    from transformers import AutoModelForCausalLM
+    eng = engines.make_engine(model_dir, "vllm", max_model_len=512)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    prompt = list(range(10, 30))
+    greedy = engines.Sampling(max_tokens=6, temperature=0.0)
+    before = eng.generate([prompt], greedy)[0].ids
+    with torch.no_grad():  # make token 77 the argmax everywhere: its embedding row is huge
+        model.model.embed_tokens.weight[77] *= 0.0
+        model.model.embed_tokens.weight[77] += model.model.norm.weight * 50
+    eng.sync_weights(model.state_dict().items())
+    after = eng.generate([prompt], greedy)
+    assert after[0].ids == [77] * 6 and before != after[0].ids
+    full = torch.tensor([prompt + after[0].ids])
+    with torch.no_grad():
+        ref = torch.log_softmax(model(full).logits[0, len(prompt) - 1:-1].float(), -1)[torch.arange(6), 77]
+    assert torch.allclose(ref, torch.tensor(after[0].logprobs), atol=1e-4)
