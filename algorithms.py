@@ -1,0 +1,371 @@
+"""Pure tensor math of the trainer: masked reductions, advantage estimators, policy/value/KL losses.
+
+Everything here is model-free and works on padded (B, T) token tensors plus a loss mask that is 1
+exactly on tokens the policy sampled (assistant content and its end-of-turn token) and 0 on the
+prompt, role headers, observations and padding. Estimators (AgentGym-RL trains with all four):
+
+    grpo / rloo          group baselines on the scalar episode reward, broadcast to policy tokens
+    reinforce++(_baseline)  token rewards, return-to-go over policy tokens, batch whitening
+    gae                  PPO with a critic; TD errors and GAE run over policy tokens only
+
+Departures from the paper's code (verl-based) and from common implementations, each repeated in the
+docstring concerned:
+  * the terminal reward sits on the last policy token (`terminal_rewards`); the original wrote it on
+    an observation token that the mask excluded, so only GRPO/RLOO-style sums saw it;
+  * multi-turn time runs over policy tokens only: an observation between two turns is not a time
+    step, so inserting observation tokens never changes GAE or return-to-go;
+  * a group of size 1 gets advantage 0 for GRPO and RLOO (verl's GRPO hands it the raw reward);
+  * masked variance of fewer than 2 elements is 0 rather than an error or NaN;
+  * losses divide by a normaliser the trainer passes (the global token or sequence count across
+    ranks and micro-batches), so the gradient does not depend on how a batch was split;
+  * entries at mask 0 are never read: not by the result, not by the gradient, even if NaN.
+    Non-finite rewards, or non-finite values/KL on policy tokens, raise ValueError in `advantages`.
+
+Dimension legend:  B episodes (rows)  T token positions  V vocabulary  G groups (tasks)
+Test: python -m pytest tests/test_algorithms.py
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+ESTIMATORS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "gae")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-sum-norm")
+LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps exp() finite so backward never meets inf * 0 = NaN
+
+
+# ---------------------------------------------------------------- masked reductions
+
+def _float(dtype: torch.dtype) -> torch.dtype:
+    """The dtype to compute in: at least float32 (int rewards, bf16 log-probs)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _keep(x: Tensor, mask: Tensor) -> Tensor:
+    """x where mask is 1, exactly 0 elsewhere. `torch.where`, not `x * mask`: NaN * 0 is NaN."""
+    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim=None) -> Tensor:
+    """sum_t m_t x_t over `dim` (all dims if None). Entries with mask 0 are never read."""
+    kept = _keep(x, mask)
+    return kept.sum() if dim is None else kept.sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim=None) -> Tensor:
+    """sum_t m_t x_t / max(sum_t m_t, 1): an empty mask gives 0, not NaN."""
+    count = masked_sum(torch.ones_like(x), mask, dim)
+    return masked_sum(x, mask, dim) / count.clamp(min=1)
+
+
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance over all masked entries: sum m (x - mean)^2 / (n - 1) (or / n if not unbiased).
+
+    Departure: fewer than 2 masked entries (or none) give 0, where verl raises on n == 1; a single
+    token carries no spread, and whitening it then yields 0 (see `masked_whiten`).
+    """
+    n = masked_sum(torch.ones_like(x), mask)
+    dev2 = masked_sum((x - masked_mean(x, mask)) ** 2, mask)
+    denom = n - 1 if unbiased else n
+    return torch.where(n >= 2, dev2 / denom.clamp(min=1), torch.zeros_like(dev2))
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over the masked entries (unbiased var); mean added back if not
+    shift_mean. Departure from verl: the result is 0 at mask-0 positions instead of garbage there."""
+    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    return _keep(out if shift_mean else out + mean, mask)
+
+
+# ---------------------------------------------------------------- token-level quantities
+
+def terminal_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
+    """(B,) episode rewards -> (B, T) with r_i on the LAST policy token (mask 1) of row i, 0 elsewhere.
+
+    Rows whose mask is empty get nothing (their reward cannot be trained on). Placing the reward on a
+    policy token is the fix for the original code, which wrote it on an observation token.
+    """
+    B, T = mask.shape
+    m = mask.bool()
+    pos = torch.arange(1, T + 1, device=mask.device).expand(B, T)   # (B, T), 1-based so 0 = none
+    last = torch.where(m, pos, 0).argmax(dim=1)                      # (B,) last policy position
+    out = torch.zeros(B, T, dtype=_float(rewards.dtype), device=mask.device)
+    vals = torch.where(m.any(dim=1), rewards.to(out.dtype), 0.0)
+    return out.scatter(1, last[:, None], vals[:, None])
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str) -> Tensor:
+    """Per-token estimators of KL(pi || ref) from tokens sampled by pi, d = logp - ref_logp:
+
+        k1 = d        k2 = d^2 / 2        k3 = exp(-d) + d - 1  (>= 0, unbiased, low variance)
+
+    k3 follows common implementations (verl's "low_var_kl"): -d is clamped to [-20, 20] before exp()
+    so exp() never overflows into an inf * 0 = NaN gradient, and the result is clamped to [-10, 10]
+    (so above 10 it carries no gradient). k1 and k2 are not clamped.
+    """
+    d = logp - ref_logp
+    if kind == "k1":
+        return d
+    if kind == "k2":
+        return 0.5 * d * d
+    if kind == "k3":
+        neg = (-d).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return (torch.exp(neg) - neg - 1).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown KL kind {kind!r}; use one of 'k1', 'k2', 'k3'")
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """(B, T, V) logits -> (B, T) entropy H = logsumexp(z) - sum_v softmax(z)_v z_v.
+
+    One softmax is materialised; the weighted sum is a contraction (einsum), not a second (B, T, V)
+    product. Computed in the logits' dtype (pass float32 for accurate values). Logits must be finite:
+    mask vocabulary entries with a large negative number, not -inf (0 * -inf is NaN).
+    """
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - torch.einsum("...v,...v->...", probs, logits)
+
+
+# ---------------------------------------------------------------- advantage estimators
+
+def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-row group mean, unbiased group std (0 for a group of one) and group size, each (B,)."""
+    _, inv, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    n = counts.to(rewards.dtype)                                                   # (G,)
+    mean = torch.zeros_like(n).index_add_(0, inv, rewards) / n                     # (G,)
+    dev = rewards - mean[inv]                                                      # (B,)
+    ss = torch.zeros_like(n).index_add_(0, inv, dev * dev)                         # (G,)
+    std = torch.where(counts > 1, (ss / (n - 1).clamp(min=1)).sqrt(), torch.zeros_like(n))
+    return mean[inv], std[inv], n[inv]
+
+
+def _gae_over_mask(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> Tensor:
+    """GAE where time runs over policy tokens only.  For the policy tokens t_1 < ... < t_k of a row:
+
+        delta_j = r_{t_j} + gamma * V_{t_{j+1}} - V_{t_j}      (V_{t_{k+1}} = 0)
+        A_{t_j} = delta_j + gamma * lam * A_{t_{j+1}}          (A_{t_{k+1}} = 0)
+
+    With values = 0 and lam = 1 this is the discounted return-to-go. Implementation: a per-row sort
+    moves policy tokens to the front in time order, the usual backward recursion runs on the packed
+    (B, L) block, and a scatter puts results back; mask-0 entries are zeroed before use.
+    """
+    B, T = mask.shape
+    m = mask.bool()
+    pos = torch.arange(T, device=mask.device).expand(B, T)
+    order = torch.where(m, pos, pos + T).argsort(dim=1)       # (B, T) policy positions first
+    L = int(m.sum(dim=1).max()) if B else 0
+    idx = order[:, :L]                                         # (B, L)
+    keep = m.gather(1, idx)                                    # (B, L) False on each row's tail
+    r = _keep(token_rewards.gather(1, idx), keep)
+    v = _keep(values.gather(1, idx), keep)
+    packed = torch.zeros_like(r)
+    next_v = last = torch.zeros(B, dtype=r.dtype, device=r.device)
+    for j in reversed(range(L)):           # a tail entry has r = v = 0, so it leaves last = 0
+        last = r[:, j] + gamma * next_v - v[:, j] + gamma * lam * last
+        packed[:, j] = last
+        next_v = v[:, j]
+    return torch.zeros_like(token_rewards).scatter(1, idx, packed)
+
+
+def _require_finite(name: str, x: Tensor, mask: Tensor | None = None) -> None:
+    bad = ~torch.isfinite(x) if mask is None else ~torch.isfinite(x) & mask.bool()
+    if bad.any():
+        rows = sorted({int(i) for i in bad.nonzero()[:, 0][:10]})
+        raise ValueError(f"{name} is NaN or infinite (rows {rows}); drop or flag those episodes "
+                         "before computing advantages")
+
+
+def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
+               token_kl: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, kl_coef: float = 0.0,
+               norm_by_std: bool = True, eps: float = 1e-6, whiten: bool = True) -> tuple[Tensor, Tensor]:
+    """Advantages and returns, both (B, T) and 0 wherever mask is 0.
+
+    rewards (B,) episode rewards r_i; mask (B, T); group_ids (B,) long, equal for episodes sampled for
+    the same task; values (B, T) critic values (gae only); token_kl (B, T) e.g. kl_penalty(old, ref).
+
+    grpo    A_i = (r_i - mean_g) / (std_g + eps), std unbiased as torch.std; norm_by_std=False drops
+            the division (Dr. GRPO). A group of one gets 0 (verl uses mean 0, std 1, i.e. A_i = r_i;
+            with no sibling there is no baseline, so no signal). All-equal groups get 0. returns = A.
+    rloo    A_i = r_i - mean_{j in g, j != i} r_j = n/(n-1) (r_i - mean_g); a group of one gets 0.
+    reinforce++   token rewards r_t = r_i on the last policy token - kl_coef * token_kl_t on every
+            policy token; A_t = G_t = sum_{s >= t, policy} gamma^k(t,s) r_s, k(t,s) = number of
+            policy tokens after t up to s (observation tokens are not time steps);
+            returns = G; A whitened over the whole batch (masked mean/var), NOT per group.
+    reinforce++_baseline   as reinforce++ with r_i - mean_g in place of r_i.
+    gae     PPO: token rewards as reinforce++ (no KL when kl_coef=0); GAE over policy tokens
+            (see `_gae_over_mask`); returns = A + V (before whitening); A whitened over the batch.
+    whiten=False skips the batch whitening (reinforce++ variants and gae) e.g. to inspect raw values.
+
+    Statistics (group and batch) cover the tensors passed in: give the whole step's batch (all ranks)
+    so every group is complete. Rows with an empty mask count in their group's reward statistics but
+    get no tokens. Raises ValueError on an unknown name, shape mismatch, non-finite rewards, or
+    non-finite values/token_kl on policy tokens (non-finite entries at mask 0 are ignored).
+    """
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; use one of {', '.join(ESTIMATORS)}")
+    B, T = mask.shape
+    if rewards.shape != (B,) or group_ids.shape != (B,):
+        raise ValueError(f"rewards and group_ids must have shape ({B},) to match mask {tuple(mask.shape)}, "
+                         f"got {tuple(rewards.shape)} and {tuple(group_ids.shape)}")
+    rewards = rewards.detach().to(_float(rewards.dtype))
+    _require_finite("reward", rewards)
+    m = mask.bool()
+
+    if name in ("grpo", "rloo"):
+        if kl_coef != 0.0:  # silently ignoring a hyperparameter hides a misconfigured run
+            raise ValueError(f"{name} takes no KL in the reward; use kl_loss(...) or set kl_coef=0")
+        mean, std, n = _group_stats(rewards, group_ids)
+        if name == "grpo":
+            adv = rewards - mean
+            adv = adv / (std + eps) if norm_by_std else adv
+        else:
+            adv = (rewards - mean) * n / (n - 1).clamp(min=1)    # n == 1: r - mean = 0 already
+        adv = _keep(adv[:, None].expand(B, T), m)
+        return adv, adv.clone()
+
+    if name == "reinforce++_baseline":
+        rewards = rewards - _group_stats(rewards, group_ids)[0]
+    token_r = terminal_rewards(rewards, mask)                    # (B, T)
+    if kl_coef != 0.0:
+        if token_kl is None:
+            raise ValueError(f"kl_coef={kl_coef} needs token_kl, e.g. kl_penalty(old_logp, ref_logp, 'k1')")
+        if token_kl.shape != (B, T):
+            raise ValueError(f"token_kl must have shape {(B, T)}, got {tuple(token_kl.shape)}")
+        _require_finite("token_kl", token_kl, m)
+        token_r = token_r - kl_coef * _keep(token_kl.detach().to(token_r.dtype), m)
+
+    if name == "gae":
+        if values is None or values.shape != (B, T):
+            raise ValueError(f"gae needs critic values of shape {(B, T)}, got "
+                             f"{None if values is None else tuple(values.shape)}")
+        _require_finite("value", values, m)
+        v = _keep(values.detach().to(token_r.dtype), m)
+        adv = _gae_over_mask(token_r, v, mask, gamma, lam)
+        returns = _keep(adv + v, m)
+    else:
+        adv = _gae_over_mask(token_r, torch.zeros_like(token_r), mask, gamma, 1.0)
+        returns = adv.clone()
+    return (masked_whiten(adv, mask) if whiten else adv), returns
+
+
+# ---------------------------------------------------------------- losses
+
+def _denominator(normalizer, default: Tensor) -> Tensor | float:
+    """The normaliser, or `default` (a local count) if None; a count of 0 is read as 1, so a batch
+    with no policy token gives loss 0. A given normaliser must be finite and >= 0."""
+    if normalizer is None:
+        return default.clamp(min=1)
+    value = float(normalizer)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"normalizer must be a finite number >= 0 (a global token or sequence count), got {value}")
+    return value if value > 0 else 1.0
+
+
+def _aggregate(loss_tok: Tensor, mask: Tensor, agg: str, normalizer) -> Tensor:
+    count = mask.bool().sum().to(loss_tok.dtype)
+    if agg == "token-mean":
+        return masked_sum(loss_tok, mask) / _denominator(normalizer, count)
+    if agg == "seq-mean-token-mean":
+        seq = masked_mean(loss_tok, mask, dim=-1)                 # (B,) 0 for an empty row
+        return seq.sum() / _denominator(normalizer, count.new_tensor(float(seq.numel())))
+    if agg == "seq-sum-norm":
+        if normalizer is None:
+            raise ValueError("agg='seq-sum-norm' needs a constant normalizer, e.g. max response "
+                             "length * number of sequences (Dr. GRPO)")
+        return masked_sum(loss_tok, mask) / _denominator(normalizer, count)
+    raise ValueError(f"unknown agg {agg!r}; use one of {', '.join(AGGREGATIONS)}")
+
+
+def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip_low: float = 0.2,
+                clip_high: float = 0.2, dual_clip: float | None = None, agg: str = "token-mean",
+                normalizer=None) -> tuple[Tensor, dict]:
+    """PPO clipped surrogate, per token, with rho = exp(logp - old_logp) and advantage A:
+
+        l_t = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high))
+        dual clip (c > 1, only where A < 0):   l_t = min(l_t, -c A)
+
+    then aggregated (see `agg`):
+        token-mean           sum_t m_t l_t / normalizer    (default: this batch's mask.sum();
+                             the trainer passes the GLOBAL masked-token count over ranks and
+                             micro-batches so splitting a batch does not change the gradient)
+        seq-mean-token-mean  sum_i (token mean of row i) / normalizer  (default B, the row count)
+        seq-sum-norm         sum_t m_t l_t / normalizer, a constant that must be given (Dr. GRPO:
+                             max response length * number of sequences)
+
+    Inputs are upcast to at least float32; logp - old_logp is clamped to [-20, 20] before exp(), as
+    in verl. Entries at mask 0 (even NaN) affect neither loss nor gradient; NaN at mask 1
+    propagates, since it means the model diverged and the trainer must see it.
+    Metrics (detached 0-d tensors over this batch's masked tokens): clip_frac (the clipped branch is
+    active), clip_frac_low / clip_frac_high, dual_clip_frac, approx_kl = mean k3 estimate of
+    KL(old || new) = rho - 1 - log rho, ratio_min / ratio_max / ratio_mean (1 if the mask is empty).
+    """
+    if not (0.0 <= clip_low < 1.0 and clip_high >= 0.0):
+        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(f"dual_clip must be > 1 (e.g. 3.0) or None, got {dual_clip}")
+    m = mask.bool()
+    # at least float32: near 1 a bf16 ratio moves in steps of 0.4-0.8%, too coarse for clip metrics
+    logp, old_logp, advantages = (x.to(_float(x.dtype)) for x in (logp, old_logp, advantages))
+    log_ratio = (_keep(logp, m) - _keep(old_logp, m).detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    adv = _keep(advantages, m).detach()
+    ratio = torch.exp(log_ratio)                                                # (B, T)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss_tok = torch.maximum(unclipped, clipped)
+    dual_active = torch.zeros_like(m)
+    if dual_clip is not None:
+        bound = -adv * dual_clip
+        dual_active = (adv < 0) & (loss_tok > bound)
+        loss_tok = torch.where(adv < 0, torch.minimum(loss_tok, bound), loss_tok)
+    loss = _aggregate(loss_tok, mask, agg, normalizer)
+
+    with torch.no_grad():
+        r, lr = ratio.detach(), log_ratio.detach()
+        any_tok = m.any()
+        metrics = {
+            "clip_frac": masked_mean((clipped > unclipped).to(r.dtype), m),
+            "clip_frac_low": masked_mean(((r < 1 - clip_low) & (adv < 0)).to(r.dtype), m),
+            "clip_frac_high": masked_mean(((r > 1 + clip_high) & (adv > 0)).to(r.dtype), m),
+            "dual_clip_frac": masked_mean(dual_active.to(r.dtype), m),
+            "approx_kl": masked_mean(r - 1 - lr, m),
+            "ratio_min": torch.where(any_tok, torch.where(m, r, torch.inf).min(), 1.0),
+            "ratio_max": torch.where(any_tok, torch.where(m, r, -torch.inf).max(), 1.0),
+            "ratio_mean": torch.where(any_tok, masked_mean(r, m), 1.0),
+        }
+    return loss, metrics
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None = 0.2,
+               normalizer=None) -> tuple[Tensor, dict]:
+    """Clipped value loss, token-mean with the same normaliser semantics as `policy_loss`:
+
+        v_clip = old + clip(v - old, -clip, clip)
+        l_t    = 0.5 * max((v - R)^2, (v_clip - R)^2)          (clip=None: 0.5 (v - R)^2)
+
+    Metrics: clip_frac (the clipped error is the larger one), value_mean, return_mean (masked).
+    """
+    m = mask.bool()
+    values, old_values, returns = (x.to(_float(x.dtype)) for x in (values, old_values, returns))
+    v, old, ret = _keep(values, m), _keep(old_values, m).detach(), _keep(returns, m).detach()
+    err = (v - ret) ** 2
+    if clip is None:
+        err_clip = err
+    else:
+        err_clip = (old + (v - old).clamp(-clip, clip) - ret) ** 2
+    loss = _aggregate(0.5 * torch.maximum(err, err_clip), mask, "token-mean", normalizer)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": masked_mean((err_clip > err).to(v.dtype), m),
+            "value_mean": masked_mean(v.detach(), m),
+            "return_mean": masked_mean(ret, m),
+        }
+    return loss, metrics
+
+
+def kl_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, kind: str = "k3", normalizer=None) -> Tensor:
+    """Masked token-mean of kl_penalty(logp, ref_logp, kind): sum_t m_t k_t / normalizer (default
+    mask.sum()), the GRPO-style KL term (paper: coefficient 0.001, k3). Mask-0 entries are never read."""
+    m = mask.bool()
+    logp, ref_logp = logp.to(_float(logp.dtype)), ref_logp.to(_float(ref_logp.dtype))
+    k = kl_penalty(_keep(logp, m), _keep(ref_logp, m).detach(), kind)
+    return _aggregate(k, mask, "token-mean", normalizer)

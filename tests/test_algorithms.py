@@ -1,0 +1,460 @@
+"""algorithms.py against hand-computed values (each worked out in a comment) and properties.
+
+Float64 throughout so that hand values can be compared tightly.
+"""
+import math
+
+import pytest
+import torch
+
+import algorithms as A
+
+NAN = float("nan")
+
+
+@pytest.fixture(autouse=True)
+def float64_default():
+    """Float64 inside these tests only: the default dtype is process-wide, so restore it after."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def t(x, dtype=torch.float64):
+    return torch.tensor(x, dtype=dtype)
+
+
+def close(a, b, tol=1e-9):
+    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
+                               rtol=tol, atol=tol)
+
+
+# ------------------------------------------------------------------ masked reductions
+
+def test_masked_reductions_by_hand():
+    x, m = t([1.0, 2.0, 3.0, 100.0]), t([1, 1, 1, 0])
+    # sum 1+2+3 = 6, mean 2, unbiased var ((1-2)^2 + 0 + (3-2)^2) / (3-1) = 1, biased 2/3
+    close(A.masked_sum(x, m), 6.0)
+    close(A.masked_mean(x, m), 2.0)
+    close(A.masked_var(x, m), 1.0)
+    close(A.masked_var(x, m, unbiased=False), 2 / 3)
+    # whiten: (x - 2) / sqrt(1 + 1e-8) = [-1, 0, 1], 0 where masked; shift_mean=False adds 2 back
+    close(A.masked_whiten(x, m), t([-1.0, 0.0, 1.0, 0.0]) / math.sqrt(1 + 1e-8))
+    close(A.masked_whiten(x, m, shift_mean=False), t([-1.0, 0.0, 1.0, 0.0]) / math.sqrt(1 + 1e-8) + t([2, 2, 2, 0]))
+    # per-row mean: row 0 (1+3)/2 = 2, row 1 empty -> 0
+    X, M = t([[1.0, 5.0, 3.0], [7.0, 8.0, 9.0]]), t([[1, 0, 1], [0, 0, 0]])
+    close(A.masked_mean(X, M, dim=1), t([2.0, 0.0]))
+
+
+def test_masked_reductions_empty_and_single_and_nan():
+    x = t([1.0, NAN, 3.0])
+    for m in (t([0, 0, 0]), torch.zeros(3, dtype=torch.bool)):
+        assert A.masked_sum(x, m).item() == 0 and A.masked_mean(x, m).item() == 0
+        assert A.masked_var(x, m).item() == 0
+        assert torch.equal(A.masked_whiten(x, m), torch.zeros(3))
+    one = t([1, 0, 0])
+    assert A.masked_var(x, one).item() == 0 and torch.equal(A.masked_whiten(x, one), torch.zeros(3))
+    close(A.masked_mean(x, t([1, 0, 1])), 2.0)  # the NaN sits under mask 0 and is never read
+
+
+# ------------------------------------------------------------------ token-level quantities
+
+def test_terminal_rewards_on_last_policy_token():
+    mask = t([[0, 1, 1, 0, 1, 0], [0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]])
+    got = A.terminal_rewards(t([2.0, 3.0, 4.0]), mask)
+    close(got, t([[0, 0, 0, 0, 2.0, 0], [0] * 6, [4.0, 0, 0, 0, 0, 0]]))
+    assert torch.equal(A.terminal_rewards(t([2.0]), mask[:1].bool()), got[:1])  # bool mask too
+
+
+def test_kl_kinds_by_hand():
+    logp, ref = t([-1.0, -2.0]), t([-2.0, -1.0])
+    # d = logp - ref = [1, -1]; k1 = d; k2 = d^2/2 = 0.5; k3 = exp(-d) + d - 1 = [e^-1, e - 2]
+    close(A.kl_penalty(logp, ref, "k1"), t([1.0, -1.0]))
+    close(A.kl_penalty(logp, ref, "k2"), t([0.5, 0.5]))
+    close(A.kl_penalty(logp, ref, "k3"), t([math.exp(-1), math.e - 2]))
+    assert A.kl_penalty(t([-1.3]), t([-1.3]), "k3").item() == 0.0
+    with pytest.raises(ValueError, match="unknown KL kind 'k4'"):
+        A.kl_penalty(logp, ref, "k4")
+
+
+def test_k3_is_clamped_and_its_gradient_finite():
+    # d = -30: -d clamps to 20, exp(20) - 20 - 1 >> 10 -> 10; without the clamp exp(30) * 0 risks NaN
+    logp = t([-30.0, -1000.0]).requires_grad_()
+    k = A.kl_penalty(logp, t([0.0, 0.0]), "k3")
+    close(k, t([10.0, 10.0]))
+    k.sum().backward()
+    assert torch.isfinite(logp.grad).all()
+
+
+def test_entropy_by_hand_and_against_softmax():
+    # uniform over 2 and 4 symbols: ln 2, ln 4; a one-hot-ish distribution: close to 0
+    close(A.entropy_from_logits(t([[[0.0, 0.0], [3.0, 3.0]]])), t([[math.log(2), math.log(2)]]))
+    close(A.entropy_from_logits(t([[[1.0, 1.0, 1.0, 1.0]]])), t([[math.log(4)]]))
+    assert A.entropy_from_logits(t([[[0.0, 60.0]]])).item() < 1e-20
+    logits = torch.randn(3, 5, 11, generator=torch.Generator().manual_seed(0)) * 4
+    direct = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    close(A.entropy_from_logits(logits), direct)
+
+
+# ------------------------------------------------------------------ estimators by hand
+
+def test_grpo_by_hand():
+    # groups: id 7 -> r [1, 2, 3]: mean 2, unbiased std sqrt((1 + 0 + 1) / 2) = 1 -> [-1, 0, 1] / (1 + eps)
+    #         id 3 -> [4] alone -> 0;  id 9 -> [5, 5] all equal -> 0
+    r, g = t([1.0, 2.0, 3.0, 4.0, 5.0, 5.0]), t([7, 7, 7, 3, 9, 9], torch.long)
+    mask = t([[1, 1, 0]] * 6)
+    adv, ret = A.advantages("grpo", r, mask, g)
+    per_row = t([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]) / (1 + 1e-6)
+    close(adv, per_row[:, None] * mask)
+    assert torch.equal(adv, ret)
+    # Dr. GRPO: no division -> r - mean
+    adv, _ = A.advantages("grpo", r, mask, g, norm_by_std=False)
+    close(adv[:, 0], t([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]))
+
+
+def test_rloo_by_hand():
+    # r [1, 2, 3]: 1 - (2+3)/2 = -1.5; 2 - (1+3)/2 = 0; 3 - (1+2)/2 = 1.5; singleton and [5, 5] -> 0
+    r, g = t([1.0, 2.0, 3.0, 4.0, 5.0, 5.0]), t([7, 7, 7, 3, 9, 9], torch.long)
+    mask = t([[0, 1, 1]] * 6)
+    adv, ret = A.advantages("rloo", r, mask, g)
+    close(adv, t([-1.5, 0.0, 1.5, 0.0, 0.0, 0.0])[:, None] * mask)
+    assert torch.equal(adv, ret)
+
+
+MASK_RPP = t([[0, 1, 1, 0, 1], [1, 1, 0, 0, 0]])
+KL_RPP = t([[9.0, 0.5, 1.0, 9.0, 2.0], [1.0, 1.0, 9.0, 9.0, 9.0]])
+
+
+def test_reinforce_pp_by_hand():
+    # row 0 (reward 1): token rewards at pos 1, 2, 4 = -0.1*0.5, -0.1*1, 1 - 0.1*2 = -0.05, -0.1, 0.8
+    #   return-to-go (gamma 1): pos4 0.8, pos2 0.7, pos1 0.65
+    # row 1 (reward 0): pos 0, 1 = -0.1, -0.1 -> pos1 -0.1, pos0 -0.2
+    r, g = t([1.0, 0.0]), t([0, 1], torch.long)
+    raw, ret = A.advantages("reinforce++", r, MASK_RPP, g, token_kl=KL_RPP, kl_coef=0.1, whiten=False)
+    expected = t([[0, 0.65, 0.7, 0, 0.8], [-0.2, -0.1, 0, 0, 0]])
+    close(raw, expected)
+    close(ret, expected)
+    # whitened over the batch: mean (0.65+0.7+0.8-0.2-0.1)/5 = 0.37;
+    # deviations .28 .33 .43 -.57 -.47, squares sum .918, unbiased var .918/4 = .2295
+    adv, _ = A.advantages("reinforce++", r, MASK_RPP, g, token_kl=KL_RPP, kl_coef=0.1)
+    close(adv, (expected - 0.37) / math.sqrt(0.2295 + 1e-8) * MASK_RPP)
+    # gamma 0.5 discounts per POLICY token (pos 3 is an observation, not a step):
+    #   pos4 0.8; pos2 -0.1 + 0.5*0.8 = 0.3; pos1 -0.05 + 0.5*0.3 = 0.1
+    raw, _ = A.advantages("reinforce++", r, MASK_RPP, g, token_kl=KL_RPP, kl_coef=0.1, gamma=0.5, whiten=False)
+    close(raw[0], t([0, 0.1, 0.3, 0, 0.8]))
+
+
+def test_reinforce_pp_baseline_by_hand():
+    # one group, rewards [1, 0] -> mean 0.5 -> [0.5, -0.5] on every policy token (gamma 1, no KL)
+    # batch: [.5 .5 .5 -.5 -.5], mean .1, deviations .4 x3 and -.6 x2, ss 1.2, unbiased var .3
+    r, g = t([1.0, 0.0]), t([4, 4], torch.long)
+    raw, _ = A.advantages("reinforce++_baseline", r, MASK_RPP, g, whiten=False)
+    expected = t([[0, 0.5, 0.5, 0, 0.5], [-0.5, -0.5, 0, 0, 0]])
+    close(raw, expected)
+    adv, _ = A.advantages("reinforce++_baseline", r, MASK_RPP, g)
+    close(adv, (expected - 0.1) / math.sqrt(0.3 + 1e-8) * MASK_RPP)
+
+
+def test_gae_by_hand():
+    # policy tokens at positions 0, 1, 3 (pos 2 is an observation with a junk value 99), reward 1
+    # gamma .9, lam .8:  delta(pos3) = 1 + .9*0 - .4 = .6                  A3 = .6
+    #                    delta(pos1) = 0 + .9*.4 - .2 = .16                 A1 = .16 + .72*.6 = .592
+    #                    delta(pos0) = 0 + .9*.2 - .5 = -.32                A0 = -.32 + .72*.592 = .10624
+    # returns = A + V = [.60624, .792, 0, 1.0]
+    mask, values = t([[1, 1, 0, 1]]), t([[0.5, 0.2, 99.0, 0.4]])
+    adv, ret = A.advantages("gae", t([1.0]), mask, t([0], torch.long), values=values, gamma=0.9, lam=0.8,
+                            whiten=False)
+    close(adv, t([[0.10624, 0.592, 0.0, 0.6]]))
+    close(ret, t([[0.60624, 0.792, 0.0, 1.0]]))
+    # with KL in the reward, gamma = lam = 1, zero values: token rewards [-.1, -.2, _, 1 - .3]
+    # -> advantages = return-to-go [.4, .5, 0, .7]
+    adv, _ = A.advantages("gae", t([1.0]), mask, t([0], torch.long), values=torch.zeros(1, 4),
+                          token_kl=t([[0.1, 0.2, 5.0, 0.3]]), kl_coef=1.0, whiten=False)
+    close(adv, t([[0.4, 0.5, 0.0, 0.7]]))
+
+
+# ------------------------------------------------------------------ estimator properties
+
+def random_batch(seed, B=12, T=9, groups=4):
+    gen = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(B, T, generator=gen) < 0.6).double()
+    mask[0] = 0  # one empty row
+    rewards = torch.randn(B, generator=gen)
+    group_ids = torch.arange(B) % groups
+    values = torch.randn(B, T, generator=gen)
+    token_kl = torch.rand(B, T, generator=gen)
+    return rewards, mask, group_ids, values, token_kl
+
+
+def test_grpo_zero_mean_and_unit_std_within_each_group():
+    r, mask, g, _, _ = random_batch(1)
+    mask[0] = 1
+    adv, _ = A.advantages("grpo", r, mask, g)
+    per_row = adv[torch.arange(len(r)), mask.argmax(1)]
+    for k in g.unique():
+        rows = per_row[g == k]
+        assert abs(rows.mean().item()) < 1e-12
+        assert abs(rows.std().item() - 1) < 1e-5  # std / (std + 1e-6)
+
+
+def test_rloo_equals_reward_minus_mean_of_the_others():
+    r, mask, g, _, _ = random_batch(2)
+    mask[0] = 1
+    adv, _ = A.advantages("rloo", r, mask, g)
+    for i in range(len(r)):
+        others = [r[j].item() for j in range(len(r)) if g[j] == g[i] and j != i]
+        close(adv[i][mask[i].bool()], torch.full((int(mask[i].sum()),), r[i].item() - sum(others) / len(others)))
+
+
+@pytest.mark.parametrize("name", A.ESTIMATORS)
+def test_masked_out_entries_cannot_change_any_estimator(name):
+    r, mask, g, values, token_kl = random_batch(3)
+    kw = dict(gamma=0.95, lam=0.9)
+    if name.startswith("reinforce") or name == "gae":
+        kw["kl_coef"] = 0.05
+    base = A.advantages(name, r, mask, g, values=values, token_kl=token_kl, **kw)
+    off = mask == 0
+    for junk in (torch.randn_like(values) * 1e3, torch.full_like(values, NAN), torch.full_like(values, math.inf)):
+        got = A.advantages(name, r, mask, g, values=torch.where(off, junk, values),
+                           token_kl=torch.where(off, junk, token_kl), **kw)
+        for a, b in zip(base, got):
+            assert torch.equal(a, b)
+    for out in base:
+        assert torch.isfinite(out).all() and (out[off] == 0).all()
+
+
+def test_gae_with_unit_gamma_lam_is_return_minus_value():
+    r, mask, g, values, _ = random_batch(4)
+    adv, ret = A.advantages("gae", r, mask, g, values=values, whiten=False)
+    close(adv, (r[:, None] - values) * mask)
+    close(ret, r[:, None] * mask)
+    whitened, _ = A.advantages("gae", r, mask, g, values=values)
+    close(whitened, A.masked_whiten(adv, mask))
+
+
+@pytest.mark.parametrize("name", ["gae", "reinforce++", "reinforce++_baseline"])
+def test_inserting_observation_tokens_leaves_policy_token_advantages_unchanged(name):
+    gen = torch.Generator().manual_seed(5)
+    turns = [3, 2, 4]                        # policy tokens per turn
+    B, n = 3, sum(turns)
+    values, kl = torch.randn(B, n, generator=gen), torch.rand(B, n, generator=gen)
+    r, g = torch.randn(B, generator=gen), t([0, 0, 1], torch.long)
+    kw = dict(gamma=0.9, lam=0.8, kl_coef=0.1)
+    compact = A.advantages(name, r, torch.ones(B, n), g, values=values, token_kl=kl, **kw)
+    # interleave observations (mask 0, random values) between turns and as right padding
+    cols = []
+    start = 0
+    for k, length in enumerate(turns):
+        obs = 2 + k
+        cols += [None] * obs + list(range(start, start + length))
+        start += length
+    cols += [None] * 3
+    T = len(cols)
+    mask = t([[0.0 if c is None else 1.0 for c in cols]] * B)
+    idx = [j for j, c in enumerate(cols) if c is not None]
+    wide_v, wide_kl = torch.randn(B, T, generator=gen) * 50, torch.randn(B, T, generator=gen) * 50
+    wide_v[:, idx], wide_kl[:, idx] = values, kl
+    wide = A.advantages(name, r, mask, g, values=wide_v, token_kl=wide_kl, **kw)
+    for a, b in zip(compact, wide):
+        close(b[:, idx], a)
+        assert (b[mask == 0] == 0).all()
+
+
+def test_reinforce_pp_whitens_over_the_batch_not_per_group():
+    # group 0 rewards [10, 12], group 1 rewards [0, 1]: batch whitening keeps group 0 above group 1
+    r, g = t([10.0, 12.0, 0.0, 1.0]), t([0, 0, 1, 1], torch.long)
+    mask = t([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 1, 1]])
+    adv, _ = A.advantages("reinforce++", r, mask, g)
+    close(A.masked_mean(adv, mask), 0.0)
+    close(A.masked_var(adv, mask), 1.0, tol=1e-6)
+    group0 = A.masked_mean(adv[:2], mask[:2])
+    assert group0 > 0.5 and A.masked_mean(adv[2:], mask[2:]) < -0.5  # per-group whitening would give 0
+
+
+def test_group_of_one_all_equal_and_empty_masks():
+    mask = t([[1, 1], [1, 0], [0, 0], [1, 1]])
+    r, g = t([3.0, 2.0, 2.0, 7.0]), t([0, 0, 0, 1], torch.long)   # group 1 is a singleton
+    for name in ("grpo", "rloo"):
+        adv, _ = A.advantages(name, r, mask, g)
+        assert (adv[3] == 0).all() and (adv[2] == 0).all() and torch.isfinite(adv).all()
+    same = A.advantages("grpo", t([1.0, 1.0, 1.0, 1.0]), mask, t([0, 0, 0, 0], torch.long))[0]
+    assert torch.equal(same, torch.zeros(4, 2))
+    for name in A.ESTIMATORS:  # an all-empty batch: zeros everywhere, never NaN
+        kw = {"values": torch.randn(4, 2)} if name == "gae" else {}
+        for out in A.advantages(name, r, torch.zeros(4, 2), g, **kw):
+            assert torch.equal(out, torch.zeros(4, 2))
+        # a single policy token in the whole batch whitens to 0, not NaN
+        one = torch.zeros(4, 2)
+        one[1, 0] = 1
+        assert torch.isfinite(A.advantages(name, r, one, g, **kw)[0]).all()
+
+
+def test_invalid_inputs_raise_clear_errors():
+    mask, g = torch.ones(2, 3), t([0, 0], torch.long)
+    with pytest.raises(ValueError, match=r"reward is NaN or infinite \(rows \[1\]\)"):
+        A.advantages("grpo", t([1.0, NAN]), mask, g)
+    with pytest.raises(ValueError, match="reward is NaN or infinite"):
+        A.advantages("gae", t([math.inf, 0.0]), mask, g, values=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"value is NaN or infinite \(rows \[0\]\)"):
+        A.advantages("gae", t([1.0, 0.0]), mask, g, values=t([[0.0, NAN, 0.0], [0.0, 0.0, 0.0]]))
+    with pytest.raises(ValueError, match="gae needs critic values"):
+        A.advantages("gae", t([1.0, 0.0]), mask, g)
+    with pytest.raises(ValueError, match="needs token_kl"):
+        A.advantages("reinforce++", t([1.0, 0.0]), mask, g, kl_coef=0.1)
+    with pytest.raises(ValueError, match="token_kl is NaN"):
+        A.advantages("reinforce++", t([1.0, 0.0]), mask, g, kl_coef=0.1, token_kl=torch.full((2, 3), NAN))
+    with pytest.raises(ValueError, match="grpo takes no KL in the reward"):
+        A.advantages("grpo", t([1.0, 0.0]), mask, g, kl_coef=0.1)
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
+        A.advantages("ppo", t([1.0, 0.0]), mask, g)
+    with pytest.raises(ValueError, match=r"must have shape \(2,\)"):
+        A.advantages("grpo", t([1.0, 0.0, 3.0]), mask, g)
+
+
+# ------------------------------------------------------------------ losses by hand
+
+# Tokens (clip .2/.2): a: A=+1 rho=1.5 -> max(-1.5, -1.2) = -1.2  (high clip active)
+#                      b: A=-1 rho=0.5 -> max(0.5, 0.8)   = 0.8   (low clip active)
+#                      c: A=+2 rho=0.5 -> max(-1.0, -1.6) = -1.0  (unclipped: pessimistic bound)
+#                      d: A=-1 rho=4   -> max(4, 1.2)     = 4     (dual clip c=3: min(4, 3) = 3)
+#                      f: A=0  rho=1   -> 0;   e: masked out, NaN everywhere
+# rows: [a, b, e], [c, d, f];  mask [[1,1,0],[1,1,1]]
+RHO = t([[1.5, 0.5, 1.0], [0.5, 4.0, 1.0]])
+ADV = t([[1.0, -1.0, NAN], [2.0, -1.0, 0.0]])
+MASK_PL = t([[1, 1, 0], [1, 1, 1]])
+OLD = t([[-1.0, -2.0, NAN], [-0.5, -3.0, -1.0]])
+
+
+def new_logp():
+    logp = OLD + torch.log(RHO)
+    logp[0, 2] = NAN
+    return logp.clone().requires_grad_()
+
+
+def test_policy_loss_by_hand():
+    logp = new_logp()
+    loss, met = A.policy_loss(logp, OLD, ADV, MASK_PL)
+    close(loss, (-1.2 + 0.8 - 1.0 + 4.0 + 0.0) / 5)   # token-mean = 2.6 / 5
+    loss.backward()
+    # d/dlogp of -A*rho = -A*rho where unclipped, 0 where clipped: c: -2*.5 = -1, d: 4, f: 0; / 5
+    close(logp.grad, t([[0.0, 0.0, 0.0], [-0.2, 0.8, 0.0]]))
+    close(met["clip_frac"], 2 / 5)
+    close(met["clip_frac_low"], 1 / 5)
+    close(met["clip_frac_high"], 1 / 5)
+    close(met["dual_clip_frac"], 0.0)
+    close(met["ratio_min"], 0.5)
+    close(met["ratio_max"], 4.0)
+    close(met["ratio_mean"], (1.5 + 0.5 + 0.5 + 4.0 + 1.0) / 5)
+    rho = t([1.5, 0.5, 0.5, 4.0, 1.0])
+    close(met["approx_kl"], (rho - 1 - rho.log()).mean())  # k3 estimate of KL(old || new)
+
+
+def test_policy_loss_asymmetric_and_dual_clip_and_aggregations():
+    # clip_high .28: a -> max(-1.5, -1.28) = -1.28; total (-1.28 + .8 - 1 + 4) / 5 = .504
+    close(A.policy_loss(new_logp(), OLD, ADV, MASK_PL, clip_high=0.28)[0], 2.52 / 5)
+    # dual clip 3: d -> 3; total (-1.2 + .8 - 1 + 3) / 5 = .32, and d carries no gradient
+    logp = new_logp()
+    loss, met = A.policy_loss(logp, OLD, ADV, MASK_PL, dual_clip=3.0)
+    close(loss, 1.6 / 5)
+    loss.backward()
+    close(logp.grad, t([[0.0, 0.0, 0.0], [-0.2, 0.0, 0.0]]))
+    close(met["dual_clip_frac"], 1 / 5)
+    # seq-mean-token-mean: row means (-1.2 + .8)/2 = -.2 and (-1 + 4 + 0)/3 = 1; mean over 2 rows = .4
+    close(A.policy_loss(new_logp(), OLD, ADV, MASK_PL, agg="seq-mean-token-mean")[0], 0.4)
+    # seq-sum-norm with constant 10 (e.g. max length 5 * 2 sequences): 2.6 / 10
+    close(A.policy_loss(new_logp(), OLD, ADV, MASK_PL, agg="seq-sum-norm", normalizer=10)[0], 0.26)
+    # a global token count of 13 (other ranks hold more tokens): 2.6 / 13
+    close(A.policy_loss(new_logp(), OLD, ADV, MASK_PL, normalizer=13)[0], 0.2)
+
+
+def test_policy_loss_errors_and_empty_mask():
+    with pytest.raises(ValueError, match="needs a constant normalizer"):
+        A.policy_loss(new_logp(), OLD, ADV, MASK_PL, agg="seq-sum-norm")
+    with pytest.raises(ValueError, match="unknown agg 'mean'"):
+        A.policy_loss(new_logp(), OLD, ADV, MASK_PL, agg="mean")
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        A.policy_loss(new_logp(), OLD, ADV, MASK_PL, dual_clip=0.5)
+    with pytest.raises(ValueError, match="normalizer must be a finite number >= 0"):
+        A.policy_loss(new_logp(), OLD, ADV, MASK_PL, normalizer=-1)
+    logp = new_logp()
+    loss, met = A.policy_loss(logp, OLD, ADV, torch.zeros(2, 3), normalizer=0)
+    loss.backward()
+    assert loss.item() == 0 and torch.equal(logp.grad, torch.zeros(2, 3))
+    assert met["ratio_min"].item() == met["ratio_max"].item() == met["ratio_mean"].item() == 1.0
+    assert all(math.isfinite(float(v)) for v in met.values())
+
+
+def test_value_loss_by_hand():
+    # token 1: v .5, old 0, R 1: (.5-1)^2 = .25; clipped v = .2: (.2-1)^2 = .64 -> .5 * .64 = .32
+    # token 2: v .1, old 0, R -1: (.1+1)^2 = 1.21, inside the clip -> .605;  token 3 masked (NaN)
+    # token-mean (.32 + .605) / 2 = .4625;  without clipping (.125 + .605) / 2 = .365
+    v = t([[0.5, 0.1, NAN]]).requires_grad_()
+    old, ret, mask = t([[0.0, 0.0, NAN]]), t([[1.0, -1.0, NAN]]), t([[1, 1, 0]])
+    loss, met = A.value_loss(v, old, ret, mask, clip=0.2)
+    close(loss, 0.4625)
+    close(met["clip_frac"], 0.5)
+    loss.backward()
+    # token 1 clipped -> no gradient; token 2: d/dv .5 (v-R)^2 / 2 = (1.1) / 2
+    close(v.grad, t([[0.0, 0.55, 0.0]]))
+    close(A.value_loss(v, old, ret, mask, clip=None)[0], 0.365)
+    close(A.value_loss(v, old, ret, mask, normalizer=5)[0], 0.925 / 5)
+
+
+def test_kl_loss_by_hand():
+    # k3 on d = [1, -1] -> [e^-1, e - 2], third token masked: mean = (e^-1 + e - 2) / 2
+    logp, ref, mask = t([[-1.0, -2.0, NAN]]), t([[-2.0, -1.0, 5.0]]), t([[1, 1, 0]])
+    close(A.kl_loss(logp, ref, mask), (math.exp(-1) + math.e - 2) / 2)
+    close(A.kl_loss(logp, ref, mask, kind="k1"), 0.0)
+    close(A.kl_loss(logp, ref, mask, kind="k2", normalizer=4), 1.0 / 4)
+
+
+# ------------------------------------------------------------------ loss properties
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batches_with_global_normalizer_match_the_whole_batch(agg):
+    gen = torch.Generator().manual_seed(6)
+    B, T = 8, 7
+    mask = (torch.rand(B, T, generator=gen) < 0.5).double()
+    old = -torch.rand(B, T, generator=gen) * 3
+    adv = torch.randn(B, T, generator=gen)
+    base = old + torch.randn(B, T, generator=gen) * 0.3
+    norm = mask.sum().item() if agg == "token-mean" else B
+
+    logp = base.clone().requires_grad_()
+    whole, _ = A.policy_loss(logp, old, adv, mask, agg=agg, dual_clip=3.0)
+    whole.backward()
+    logp_mb = base.clone().requires_grad_()
+    total = 0
+    for rows in (slice(0, 3), slice(3, 4), slice(4, 8)):  # uneven micro-batches, as gradient accumulation
+        part, _ = A.policy_loss(logp_mb[rows], old[rows], adv[rows], mask[rows], agg=agg, dual_clip=3.0,
+                                normalizer=norm)
+        part.backward()
+        total = total + part.detach()
+    close(total, whole.detach())
+    close(logp_mb.grad, logp.grad)
+    # while the local-count default does depend on the split (the pitfall the normaliser guards against)
+    local = sum(A.policy_loss(base[r], old[r], adv[r], mask[r], agg=agg)[0] for r in (slice(0, 3), slice(3, 8)))
+    assert abs(local.item() - whole.item()) > 1e-6
+
+
+def test_losses_ignore_masked_out_entries_including_gradients():
+    gen = torch.Generator().manual_seed(7)
+    B, T = 4, 6
+    mask = (torch.rand(B, T, generator=gen) < 0.5).double()
+    off = mask == 0
+    tensors = [torch.randn(B, T, generator=gen) - 1 for _ in range(5)]
+
+    def run(junk):
+        ins = [torch.where(off, junk, x) for x in tensors]
+        logp, v = ins[0].clone().requires_grad_(), ins[3].clone().requires_grad_()
+        pl, _ = A.policy_loss(logp, ins[1], ins[2], mask, dual_clip=2.0)
+        vl, _ = A.value_loss(v, ins[4], ins[2], mask)
+        kl = A.kl_loss(logp, ins[1], mask)
+        (pl + vl + kl).backward()
+        return pl.detach(), vl.detach(), kl.detach(), logp.grad, v.grad
+
+    base = run(torch.zeros(B, T))
+    for junk in (torch.full((B, T), NAN), torch.full((B, T), -math.inf), torch.randn(B, T) * 1e4):
+        for a, b in zip(base, run(junk)):
+            assert torch.equal(a, b)
