@@ -107,6 +107,12 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
 
+    def close(self) -> None:
+        """Shut vLLM down before the trainer's process group goes (its shutdown tears down groups)."""
+        engine_core = getattr(self.llm.llm_engine, "engine_core", None)  # private: vLLM V1's in-process core
+        if engine_core is not None:
+            engine_core.shutdown()
+
     def sleep(self) -> None:
         if self.device == "cuda" and not self.asleep:
             self.llm.sleep(level=1)  # level 1 keeps weights in CPU memory, drops the KV cache
@@ -170,4 +176,7 @@ class HFEngine:
         pass
 
     def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass

@@ -67,9 +67,11 @@ REGISTRY = {
 
 
 def env_class(name: str) -> type:
-    if name not in REGISTRY:
-        raise ValueError(f"unknown env {name!r}; choose one of: {', '.join(sorted(REGISTRY))}")
-    module, cls = REGISTRY[name].split(":")
+    """The class of a registered env, or of any importable "package.module:Class" (your own env)."""
+    if name not in REGISTRY and ":" not in name:
+        raise ValueError(f"unknown env {name!r}; choose one of: {', '.join(sorted(REGISTRY))}, "
+                         "or give your own as package.module:Class")
+    module, cls = REGISTRY.get(name, name).split(":")
     return getattr(importlib.import_module(module), cls)
 
 

