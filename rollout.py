@@ -60,8 +60,8 @@ class ChatFormat:
         return self.tok(text, add_special_tokens=False, split_special_tokens=plain)["input_ids"]
 
     def prompt(self, system: str, first_observation: str) -> list[int]:
-        return self.encode(self.render([{"role": "system", "content": system},
-                                        {"role": "user", "content": first_observation}]))
+        head, tail = self.render([{"role": "system", "content": system}, {"role": "user", "content": OBS}]).split(OBS)
+        return self.encode(head) + self.encode(first_observation, plain=True) + self.encode(tail)
 
     def observation(self, text: str, stopped: bool) -> list[int]:
         """Tokens after a sampled reply: close the assistant turn, the user turn, the next assistant header."""

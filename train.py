@@ -96,7 +96,9 @@ def full_tensors(model, dtype):
 def collate(episodes, pad_id: int) -> dict:
     """Right-padded (B, L) tensors of whole episodes. mask/sampler_logp are aligned with `ids`: entry t
     belongs to token t (0 on the prompt and padding). Every row attends to at least one token, so a
-    row with no tokens cannot produce NaN activations (NaN * 0 is NaN in the weight gradient)."""
+    row with no tokens cannot produce NaN activations (NaN * 0 is NaN in the weight gradient).
+    An episode cut short by a simulator failure keeps its reward in its group's statistics but gets
+    an all-zero mask: the crash was not the policy's doing, so none of its tokens are trained."""
     L = max(1, max(len(e.ids) for e in episodes))
     B = len(episodes)
     ids = torch.full((B, L), pad_id, dtype=torch.long)
@@ -107,7 +109,8 @@ def collate(episodes, pad_id: int) -> dict:
         n, p = len(e.ids), e.prompt_len
         ids[i, :n] = torch.tensor(e.ids, dtype=torch.long) if n else ids[i, :n]
         attn[i, :max(n, 1)] = 1
-        mask[i, p:n] = torch.tensor(e.mask, dtype=torch.float)
+        if e.end != "env_error":
+            mask[i, p:n] = torch.tensor(e.mask, dtype=torch.float)
         sampler[i, p:n] = torch.tensor(e.logprobs)
     return {"ids": ids, "attn": attn, "mask": mask, "sampler_logp": sampler,
             "rewards": torch.tensor([e.reward for e in episodes], dtype=torch.float),
@@ -188,7 +191,7 @@ def global_advantages(cfg, d, batch, values, token_kl) -> tuple[torch.Tensor, to
     world = dist.get_world_size()
     gathered = [torch.zeros_like(rewards) for _ in range(world)]
     dist.all_gather(gathered, rewards)
-    all_rewards, all_groups = torch.cat(gathered), torch.arange(world).repeat_interleave(len(rewards))
+    all_rewards = torch.cat(gathered)
     gids = [torch.zeros_like(groups) for _ in range(world)]
     dist.all_gather(gids, groups)
     all_groups = torch.cat(gids)
