@@ -88,8 +88,12 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         caps = params.caps(len(prompts))
+        # Per-request seeds only on GPU: vLLM's CPU build rewinds a seeded request's generator when its
+        # prefill is split into chunks, which CPU generators cannot do ("does not use offset"). On CPU
+        # the engine-wide seed given at start-up keeps runs reproducible.
+        per_request = params.seed is not None and self.device == "cuda"
         sps = [SamplingParams(max_tokens=cap, temperature=params.temperature, top_p=params.top_p, logprobs=0,
-                              seed=None if params.seed is None else params.seed + i,
+                              seed=params.seed + i if per_request else None,
                               stop_token_ids=list(params.stop_ids), skip_special_tokens=False,
                               detokenize=False) for i, cap in enumerate(caps)]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps, use_tqdm=False)

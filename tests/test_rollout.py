@@ -189,3 +189,11 @@ def test_vllm_weight_sync_changes_outputs_as_the_weights_say(model_dir):
     with torch.no_grad():
         ref = torch.log_softmax(model(full).logits[0, len(prompt) - 1:-1].float(), -1)[torch.arange(6), 77]
     assert torch.allclose(ref, torch.tensor(after[0].logprobs), atol=1e-4)
+
+
+def test_seeded_generation_of_a_batch_larger_than_one_prefill_chunk(engine):
+    """Many long prompts force vLLM to split prefills into chunks; seeded sampling must survive that."""
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 1400, (1500,), generator=gen).tolist() for _ in range(8)]
+    out = engine.generate(prompts, engines.Sampling(max_tokens=3, seed=11))
+    assert len(out) == 8 and all(1 <= len(s.ids) <= 3 and len(s.logprobs) == len(s.ids) for s in out)
