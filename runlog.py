@@ -65,7 +65,7 @@ def plot_rewards(metrics_file: Path, png: Path, schedule) -> None:
                 break
             hi = (i + 1) * schedule.stage_length if i + 1 < len(schedule.budgets) else steps[-1] + 1
             ax.axvspan(lo, min(hi, steps[-1] + 1), alpha=0.08 * (i + 1), color="tab:green")
-            ax.text(lo, 1.02, f"{budget} turns", transform=ax.get_xaxis_transform(), fontsize=8)
+            ax.text(lo, 1.02, f"{budget} turn{'s' * (budget != 1)}", transform=ax.get_xaxis_transform(), fontsize=8)
     ax.set_xlabel("training step")
     ax.set_ylim(min(-0.05, min(rows[s]["reward"] for s in steps)), 1.05)
     ax.legend(loc="lower right")
