@@ -71,6 +71,8 @@ class Config:
     checkpointing: bool = doc("activation checkpointing in the policy and critic", False)
     seed: int = doc("base seed; ranks, tasks and samples derive theirs from it", 0)
     out: str = doc("run directory (config, metrics.jsonl, plots, checkpoints)", "runs/{env}-{algo}")
+    eval_every: int = doc("every N steps (and at the end), greedy episodes on test tasks at the final turn budget; 0: never", 0)
+    eval_tasks: int = doc("test tasks per in-training evaluation (the first ones of the split), shared over ranks", 16)
     save_every: int = doc("checkpoint every N steps (and at the end); 0: only at the end", 0)
     keep: int = doc("checkpoints kept on disk", 2)
     resume: bool = doc("continue from the latest checkpoint in --out", False)
@@ -170,6 +172,8 @@ def check(cfg: Config, world: int) -> str | None:
         return f"--horizon: {exc}"
     if not isinstance(json.loads(cfg.env_options), dict):
         return "--env-options must be a JSON object, e.g. '{\"max_distractors\": 5}'"
+    if cfg.eval_every < 0 or cfg.eval_tasks < 0:
+        return "--eval-every and --eval-tasks must be >= 0"
     for name in ("steps", "tasks_per_step", "samples_per_task", "max_tokens", "max_context", "ppo_epochs",
                  "mini_batches", "micro_tokens", "env_workers", "keep"):
         if getattr(cfg, name) <= 0:

@@ -269,7 +269,7 @@ def main(argv=None):
     engine = make_engine(policy_path, cfg.engine, d.device, d.dtype, cfg.max_context, seed)
     per_rank = cfg.tasks_per_step * cfg.samples_per_task // world
     env_pool = [envs.make(cfg.env, **d.env_options) for _ in range(per_rank)]
-    train_ids = env_pool[0].tasks("train")
+    train_ids, test_ids = env_pool[0].tasks("train"), env_pool[0].tasks("test")[:cfg.eval_tasks]
     threads = ThreadPoolExecutor(max_workers=max(1, min(cfg.env_workers, per_rank)))
     make_env = lambda: envs.make(cfg.env, **d.env_options)  # noqa: E731
     log = None
@@ -377,9 +377,13 @@ def main(argv=None):
         metrics["lr"] = schedulers["policy"].get_last_lr()[0]
         timing["time/step"] = time.perf_counter() - t0
         metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
+        last = step + 1 == cfg.steps
+        if cfg.eval_every and cfg.eval_tasks and ((step + 1) % cfg.eval_every == 0 or last):
+            t = time.perf_counter()
+            metrics.update(quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, max(d.schedule.budgets), threads))
+            metrics["time/eval"] = time.perf_counter() - t
         if log:
             log.log(step, metrics)
-        last = step + 1 == cfg.steps
         if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
             t = time.perf_counter()
             checkpoint.save(ckpt_root, step + 1, models, optimizers, tokenizer, rank, world, cfg.keep)
@@ -396,6 +400,22 @@ def main(argv=None):
         engine.close()
     if dist.is_initialized():  # vLLM's shutdown may already have destroyed the default group
         dist.destroy_process_group()
+
+
+def quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, turns: int, pool) -> dict:
+    """Greedy episodes on this rank's share of `test_ids` at `turns`, played in batches of the env pool;
+    mean reward and success over all ranks. evaluate.py is the full evaluation (Pass@k, subtasks)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = test_ids[rank::world]
+    reward = success = 0.0
+    for i in range(0, len(mine), len(env_pool)):
+        part = [(t, j) for j, t in enumerate(mine[i:i + len(env_pool)])]
+        eps, _ = rollout(engine, chat, env_pool, make_env, part, turns, cfg.max_tokens, cfg.max_context,
+                         temperature=0.0, pool=pool)
+        reward += sum(e.reward for e in eps)
+        success += sum(e.success for e in eps)
+    reward, success, n = all_sum(reward, success, len(mine))
+    return {"eval/reward": reward / max(n, 1), "eval/success": success / max(n, 1)}
 
 
 def _pad(mbs: list[list[int]], n: int) -> list[list[int]]:

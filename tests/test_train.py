@@ -94,10 +94,13 @@ def test_grpo_learns_a_toy_task(tmp_path):
     """From a random tiny model, reward near 0 (digit share of random tokens) to well above 0.5."""
     torchrun(["--env", "tests.toy:Digits", "--env-options", '{"turns": 1}', "--steps", "40", "--horizon", "1",
               "--tasks-per-step", "8", "--samples-per-task", "8", "--max-tokens", "4", "--kl-coef", "0",
-              "--lr", "1e-2", "--out", str(tmp_path)])
-    rewards = [r["reward"] for r in metrics(tmp_path)]
+              "--lr", "1e-2", "--eval-every", "20", "--eval-tasks", "8", "--out", str(tmp_path)])
+    rows = metrics(tmp_path)
+    rewards = [r["reward"] for r in rows]
     assert sum(rewards[:2]) / 2 < 0.1
     assert sum(rewards[-3:]) / 3 > 0.5, rewards
+    evals = [r["eval/reward"] for r in rows if "eval/reward" in r]  # greedy, on held-out tasks
+    assert len(evals) == 2 and evals[-1] > 0.5, evals
     assert (tmp_path / "reward.png").stat().st_size > 0
 
 
