@@ -1,0 +1,267 @@
+"""SciWorld: the ScienceWorld simulator (PyPI `scienceworld`, a Scala jar driven over py4j) as an Env.
+
+Task ids enumerate every (task type, variation) pair of the 30 task types, 7207 in all, in the
+simulator's task order; `tasks(split)` returns the official train/dev/test variations (each task type's
+variations are split into three contiguous ranges; the counts are in TASK_TYPES and a test checks
+them against the simulator). The first observation is the task description, a newline, and the
+output of `look around`, as in AgentGym. The reward is the running score / 100 (a failed task scores
+-100, so -1, and ends the episode); success is a score of 100.
+
+Engineering departures from `scienceworld.ScienceWorldEnv` (same simulator, same answers):
+- one JVM per instance, started with a capped heap (-Xmx512m -XX:+UseSerialGC: about 220-500 MB
+  resident instead of about 1.4 GB) and reused across episodes with `load()`. ScienceWorldEnv cannot
+  pass JVM options, so `_launch_jvm` starts the jar with py4j itself, as ScienceWorldEnv does;
+- step() talks to the simulator's Scala interface directly and skips what ScienceWorldEnv.step() adds
+  to every call: the enumeration of all valid action/object combinations (~126 ms, most of a step)
+  and the look/inventory/task strings. The valid actions are computed only when the agent asks
+  ('check valid actions') or a caller calls `valid_actions()`;
+- a JVM that dies or stops answering (py4j read timeout) never hangs or raises out of step(): the
+  step says so, ends the episode and sets `crashed`/`error`; the next reset starts a fresh JVM.
+- all 30 task types are used (AgentGym left out 5-1, 5-2, 9-*, 10-*); the simulator's own move
+  limit is an option (`step_limit`, default 100 moves as in ScienceWorldEnv).
+
+Determinism: load() reseeds the simulator's RNG with the variation, so the first observation of a task
+id is reproducible. A few dynamics (bees, wandering animals, Mendelian pollination) also depend on the
+JVM's identity-hash order, so in a reused JVM they can unfold differently after different histories.
+
+Run: `python -m pytest tests/test_sciworld.py` (needs Java 8+ on PATH or JAVA_HOME).
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import os
+import shutil
+
+from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
+from py4j.protocol import Py4JError, Py4JJavaError
+from scienceworld.constants import BASEPATH, JAR_PATH
+
+from envs import parse_action
+
+# (code, topic, simulator task name, train, dev, test variations); splits are contiguous ranges.
+TASK_TYPES = [
+    ("1-1", "Matter", "boil", 14, 7, 9),
+    ("1-2", "Matter", "melt", 14, 7, 9),
+    ("1-3", "Matter", "freeze", 14, 7, 9),
+    ("1-4", "Matter", "change-the-state-of-matter-of", 14, 7, 9),
+    ("2-1", "Measurement", "use-thermometer", 270, 135, 135),
+    ("2-2", "Measurement", "measure-melting-point-known-substance", 218, 109, 109),
+    ("2-3", "Measurement", "measure-melting-point-unknown-substance", 150, 75, 75),
+    ("3-1", "Electricity", "power-component", 10, 5, 5),
+    ("3-2", "Electricity", "power-component-renewable-vs-nonrenewable-energy", 10, 5, 5),
+    ("3-3", "Electricity", "test-conductivity", 450, 225, 225),
+    ("3-4", "Electricity", "test-conductivity-of-unknown-substances", 300, 150, 150),
+    ("4-1", "Classification", "find-living-thing", 150, 75, 75),
+    ("4-2", "Classification", "find-non-living-thing", 150, 75, 75),
+    ("4-3", "Classification", "find-plant", 150, 75, 75),
+    ("4-4", "Classification", "find-animal", 150, 75, 75),
+    ("5-1", "Biology", "grow-plant", 62, 31, 33),
+    ("5-2", "Biology", "grow-fruit", 62, 31, 33),
+    ("6-1", "Chemistry", "chemistry-mix", 16, 8, 8),
+    ("6-2", "Chemistry", "chemistry-mix-paint-secondary-color", 18, 9, 9),
+    ("6-3", "Chemistry", "chemistry-mix-paint-tertiary-color", 18, 9, 9),
+    ("7-1", "Biology", "lifespan-longest-lived", 62, 31, 32),
+    ("7-2", "Biology", "lifespan-shortest-lived", 62, 31, 32),
+    ("7-3", "Biology", "lifespan-longest-lived-then-shortest-lived", 62, 31, 32),
+    ("8-1", "Biology", "identify-life-stages-1", 6, 3, 5),
+    ("8-2", "Biology", "identify-life-stages-2", 4, 2, 4),
+    ("9-1", "Forces", "inclined-plane-determine-angle", 84, 42, 42),
+    ("9-2", "Forces", "inclined-plane-friction-named-surfaces", 692, 346, 348),
+    ("9-3", "Forces", "inclined-plane-friction-unnamed-surfaces", 80, 40, 42),
+    ("10-1", "Biology", "mendelian-genetics-known-plant", 60, 30, 30),
+    ("10-2", "Biology", "mendelian-genetics-unknown-plant", 240, 120, 120),
+]
+SIZES = [sum(row[3:]) for row in TASK_TYPES]
+OFFSETS = [0, *itertools.accumulate(SIZES)][:-1]  # first task id of each task type
+NUM_TASKS = sum(SIZES)  # 7207
+
+ACTIONS = [
+    ("open OBJ / close OBJ", "open/close a container"),
+    ("activate OBJ / deactivate OBJ", "activate/deactivate a device"),
+    ("connect OBJ to OBJ", "connect electrical components"), ("disconnect OBJ", "disconnect electrical components"),
+    ("use OBJ [on OBJ]", "use a device/item"), ("look around", "describe the current room"),
+    ("look at OBJ", "describe an object in detail"), ("look in OBJ", "describe a container's contents"),
+    ("read OBJ", "read a note or book"), ("move OBJ to OBJ", "move an object to a container"),
+    ("pick up OBJ", "move an object to the inventory"), ("put down OBJ", "drop an inventory item"),
+    ("pour OBJ into OBJ", "pour a liquid into a container"), ("dunk OBJ into OBJ", "dunk a container into a liquid"),
+    ("mix OBJ", "chemically mix a container"), ("go to LOC", "move to a new location"), ("eat OBJ", "eat a food"),
+    ("flush OBJ", "flush a toilet"), ("focus on OBJ", "signal intent on a task object (irreversible)"),
+    ("wait", "take no action for 10 iterations"), ("wait1", "take no action for 1 iteration"),
+    ("task", "describe current task"), ("inventory", "list your inventory"),
+    ("check valid actions", "list every action that is valid right now (long)"),
+]
+INSTRUCTION = (
+    "You are an agent in ScienceWorld, a text-based science lab and home. Every round you get an observation; "
+    "reply with your thought and one action to make progress on the given task. When the simulator asks you "
+    "to disambiguate, answer with the number of the option you mean.\n\nActions (OBJ and LOC are names of "
+    "things and places you have seen):\n" + "\n".join(f"- {a}: {d}" for a, d in ACTIONS) +
+    "\n\nYour reply must use exactly this format:\nThought:\n<your reasoning>\n\nAction:\n<one action>")
+
+JAVA_HELP = ("SciWorld needs a Java runtime (8 or newer; 17 recommended) to run the ScienceWorld simulator. "
+             "Install one (e.g. `apt-get install openjdk-17-jre-headless`) and put `java` on PATH or set JAVA_HOME.")
+NO_MATCH = "No known action matches that input."
+SIMPLIFICATIONS = {"easy", "teleportAction", "selfWateringFlowerPots", "openContainers", "openDoors",
+                   "noElectricalAction"}
+
+
+def find_java(java: str | None = None) -> str:
+    """Path of the java executable: the argument, else $JAVA_HOME/bin/java, else `java` on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    candidate = java or (os.path.join(home, "bin", "java") if home else None) or shutil.which("java")
+    if not candidate or not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+        raise RuntimeError(f"{JAVA_HELP} (looked for: {candidate or 'java on PATH'})")
+    return candidate
+
+
+def _launch_jvm(java: str, java_opts: list[str], timeout: float):
+    """Start scienceworld.jar in a new JVM; return (gateway, simulator, process).
+
+    Mirrors ScienceWorldEnv.__init__ but adds JVM options and a read timeout, and starts no callback
+    server (the simulator never calls back into Python). The one non-public path is the Scala entry
+    class `scienceworld.runtime.pythonapi.PythonInterface`, the object ScienceWorldEnv keeps as `.server`.
+    """
+    try:
+        port, process = launch_gateway(classpath=JAR_PATH, javaopts=java_opts, java_path=java, cwd=BASEPATH,
+                                       die_on_exit=True, return_proc=True)
+    except (OSError, ValueError) as e:  # ValueError: the JVM exited before printing its port
+        raise RuntimeError(f"could not start the ScienceWorld JVM ({java} {' '.join(java_opts)}): {e}. "
+                           + JAVA_HELP) from e
+    # No memory management: py4j would otherwise send "release object" messages from Python finalizers,
+    # which log connection errors when the JVM is already gone; we only keep one long-lived Java object.
+    parameters = GatewayParameters(port=port, auto_field=True, read_timeout=timeout,
+                                   enable_memory_management=False)
+    gateway = JavaGateway(gateway_parameters=parameters, java_process=process)
+    return gateway, gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface(), process
+
+
+class SciWorld:
+    """One ScienceWorld episode at a time, on a JVM owned by this instance and reused across resets."""
+
+    instruction = INSTRUCTION
+
+    def __init__(self, step_limit: int = 100, java: str | None = None,
+                 java_opts: tuple[str, ...] = ("-Xmx512m", "-XX:+UseSerialGC"), timeout: float = 60.0,
+                 simplifications: str = ""):
+        self.step_limit = step_limit            # the simulator's move limit, as envStepLimit in ScienceWorldEnv
+        self.java = find_java(java)             # fail at construction, with what to install
+        self.java_opts = list(java_opts)        # JVM flags; the heap cap keeps a pool of JVMs affordable
+        self.timeout = timeout                  # seconds a single simulator call may take before it counts as hung
+        self.simplifications = simplifications  # e.g. "easy"; "" is the standard benchmark
+        unknown = set(filter(None, simplifications.split(","))) - SIMPLIFICATIONS
+        if unknown:
+            raise ValueError(f"unknown simplifications {sorted(unknown)}; choose from {sorted(SIMPLIFICATIONS)}")
+        self.success, self.crashed, self.error = False, False, None
+        self.done, self.score, self.task_id = True, 0, None
+        self._gateway = self._sim = self._process = None
+        self._start()
+
+    # -- task metadata
+    def tasks(self, split: str) -> list[int]:
+        column = {"train": 0, "dev": 1, "test": 2}.get(split)
+        if column is None:
+            raise ValueError(f"SciWorld has splits 'train', 'dev' and 'test', not {split!r}")
+        ids = []
+        for offset, row in zip(OFFSETS, TASK_TYPES):
+            start = offset + sum(row[3:3 + column])
+            ids.extend(range(start, start + row[3 + column]))
+        return ids
+
+    def locate(self, task_id: int) -> tuple[str, int]:
+        """(simulator task name, variation) of a task id."""
+        if not 0 <= task_id < NUM_TASKS:
+            raise ValueError(f"SciWorld task ids are 0..{NUM_TASKS - 1}, got {task_id}")
+        kind = bisect.bisect_right(OFFSETS, task_id) - 1
+        return TASK_TYPES[kind][2], task_id - OFFSETS[kind]
+
+    def subtask(self, task_id: int) -> str:
+        """Topic and task type, e.g. 'Matter/boil'."""
+        self.locate(task_id)  # validates the id
+        _, topic, name, *_ = TASK_TYPES[bisect.bisect_right(OFFSETS, task_id) - 1]
+        return f"{topic}/{name}"
+
+    # -- episode
+    def reset(self, task_id: int, *, gold: bool = False) -> str:
+        """Load task `task_id`; `gold=True` also has the simulator build its gold path (slow; for tests)."""
+        name, variation = self.locate(task_id)
+        if self.crashed or self._process is None or self._process.poll() is not None:
+            self._restart()
+        try:
+            description, look = self._load(name, variation, gold)
+        except Py4JError:  # the JVM died between episodes: one fresh start, then let errors surface
+            self._restart()
+            description, look = self._load(name, variation, gold)
+        self.task_id, self.score, self.done, self.success = task_id, 0, False, False
+        return f"{description}\n{look}"
+
+    def step(self, text: str) -> tuple[str, float, bool]:
+        if self.done:
+            return "The episode is over. Start a new one with reset().", self.reward, True
+        action, error = parse_action(text)
+        if error:
+            return error, self.reward, False
+        if self._process.poll() is not None:  # died since the last call: do not make py4j retry a dead port
+            return self._crash(RuntimeError(f"the JVM exited with code {self._process.returncode}")), self.reward, True
+        try:
+            if action.lower().strip(" .") == "check valid actions":
+                return "Valid actions: " + ", ".join(self.valid_actions()), self.reward, False
+            observation = self._sim.step(action)
+            score = int(round(100 * self._sim.getScore()))
+            completed = self._sim.getCompleted() or self._sim.getNumMoves() > self.step_limit or score < 0
+        except Py4JJavaError:  # the simulator threw on this input; the JVM itself is fine
+            return f"The simulator could not process '{action}'. Try another action.", self.reward, False
+        except Py4JError as e:      # JVM gone, or no answer within `timeout`
+            return self._crash(e), self.reward, True
+        self.score, self.done, self.success = score, bool(completed), score >= 100
+        if observation.strip() == NO_MATCH:
+            observation += (" Use one of the action forms from the instructions with names of things you have "
+                            "seen, or 'check valid actions' to list the valid actions.")
+        return observation, self.reward, self.done
+
+    @property
+    def reward(self) -> float:
+        return max(-1.0, min(1.0, self.score / 100))
+
+    def valid_actions(self) -> list[str]:
+        """Every valid action/object combination in the current state (expensive: ~0.1 s; on demand only)."""
+        # The JSON variant returns a plain string, so no Java list object is left behind per call.
+        return [a["action"] for a in json.loads(self._sim.getValidActionObjectCombinationsJSON())["validActions"]]
+
+    def gold_actions(self) -> list[str]:
+        """The simulator's gold action sequence for the current task (needs `reset(task_id, gold=True)`)."""
+        return list(self._sim.getGoldActionSequence())
+
+    @property
+    def jvm_pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def close(self) -> None:
+        if self._gateway is not None:
+            self._gateway.close()  # local sockets only
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()   # the simulator holds no state worth a graceful exit
+            self._process.wait(timeout=10)
+        self._gateway = self._sim = self._process = None
+        self.done = True
+
+    # -- JVM lifecycle
+    def _start(self) -> None:
+        self._gateway, self._sim, self._process = _launch_jvm(self.java, self.java_opts, self.timeout)
+        self.crashed, self.error = False, None
+
+    def _restart(self) -> None:
+        self.close()
+        self._start()
+
+    def _load(self, name: str, variation: int, gold: bool) -> tuple[str, str]:
+        self._sim.load(name, variation, self.simplifications, gold)
+        # `look around` is a free action (no move), as AgentGym's reset did it.
+        return self._sim.getTaskDescription(), self._sim.step("look around")
+
+    def _crash(self, e: Exception) -> str:
+        self.crashed, self.error, self.done, self.success = True, f"{type(e).__name__}: {e}", True, False
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()  # a hung JVM would keep burning CPU; the next reset starts a new one
+        return ("The ScienceWorld simulator crashed or stopped responding; this episode is over "
+                f"and cannot be scored. ({self.error.splitlines()[0][:200]})")
