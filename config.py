@@ -107,12 +107,18 @@ def paper(env: str) -> Config:
 PRESETS = {"cpu": lambda env: cpu(), "paper": paper}
 
 
-def parse(argv: list[str] | None = None) -> Config:
-    parser = argparse.ArgumentParser(description="Multi-turn agent RL: rollouts in a text env, PPO/GRPO/RLOO/REINFORCE++.")
-    for f in fields(Config):
+def flags(cls, argv: list[str] | None, description: str) -> dict:
+    """Parse `--field-name value` for every field of dataclass `cls` (help = the field's doc line);
+    returns only the flags given, so a preset's values stay where the command line is silent."""
+    parser = argparse.ArgumentParser(description=description)
+    for f in fields(cls):
         kind = dict(action=argparse.BooleanOptionalAction) if f.type in ("bool", bool) else dict(type=_type(f))
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, help=f.metadata["doc"], **kind)
-    args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+
+
+def parse(argv: list[str] | None = None) -> Config:
+    args = flags(Config, argv, "Multi-turn agent RL: rollouts in a text env, PPO/GRPO/RLOO/REINFORCE++.")
     preset = args.get("preset", "cpu")
     if preset not in PRESETS:
         raise SystemExit(f"error: unknown --preset {preset!r}; use cpu or paper")

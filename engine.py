@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -71,6 +72,7 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM
 
+        _guard_llvmlite()
         options = dict(model=model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        enforce_eager=device == "cpu",  # the CPU backend has no graph capture
                        enable_prefix_caching=True)      # each turn's prompt extends the last one
@@ -126,6 +128,17 @@ class VLLMEngine:
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
+
+
+def _guard_llvmlite() -> None:
+    """vLLM's start-up scan over every module attribute calls `vars(value)`. llvmlite's lazy library
+    wrapper (loaded whenever numba is, e.g. by bm25s in the search env) answers any attribute, `__dict__`
+    included, with a wrapped C function, and the scan dies on it ("'_lib_fn_wrapper' object has no
+    attribute 'get'"). Pre-seed its lookup table so `__dict__` is a plain empty dict."""
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    fntab = getattr(getattr(ffi, "lib", None), "_fntab", None)  # private: llvmlite's cache of wrapped functions
+    if isinstance(fntab, dict):
+        fntab.setdefault("__dict__", {})
 
 
 class HFEngine:

@@ -29,7 +29,6 @@ Tests: python -m pytest tests/test_evaluate.py
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -39,11 +38,11 @@ import shutil
 import sys
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import envs
-from config import PAPER_TURNS
+from config import PAPER_TURNS, doc, flags
 
 EVAL_TURNS = {"babyai": 20, "sciworld": 30, "textcraft": 30, "searchqa": 30, "webarena": 15}  # paper's test budgets
 REWARD_SCALE = {
@@ -55,10 +54,6 @@ REWARD_SCALE = {
 }
 # The settings a resumed evaluation must share with the transcripts it continues.
 SAME_FOR_RESUME = ("env", "env_options", "model", "k", "temperature", "top_p", "max_tokens", "max_context")
-
-
-def doc(text: str, default):
-    return field(default=default, metadata={"doc": text})
 
 
 @dataclass
@@ -87,12 +82,7 @@ class EvalConfig:
 
 
 def parse(argv: list[str] | None = None) -> EvalConfig:
-    parser = argparse.ArgumentParser(description="Evaluate an agent: Avg@k, Pass@k and turn scaling per subtask.")
-    for f in fields(EvalConfig):
-        kind = (dict(action=argparse.BooleanOptionalAction) if f.type == "bool"
-                else dict(type={"int": int, "float": float}.get(f.type, str)))
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=f.default, help=f.metadata["doc"], **kind)
-    return EvalConfig(**vars(parser.parse_args(argv)))
+    return EvalConfig(**flags(EvalConfig, argv, "Evaluate an agent: Avg@k, Pass@k and turn scaling per subtask."))
 
 
 @dataclass(frozen=True)

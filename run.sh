@@ -24,7 +24,7 @@ export PATH="$PWD/$VENV/bin:$PATH" TOKENIZERS_PARALLELISM=false
 cmd=${1:-}
 shift || true
 case "$cmd" in
-  train) exec torchrun --nproc_per_node "${NPROC:-2}" train.py "$@" ;;
+  train) exec torchrun --standalone --nproc_per_node "${NPROC:-2}" train.py "$@" ;;
   test) exec python -m pytest "$@" ;;
   *) echo "usage: bash run.sh train [flags] | bash run.sh test [pytest flags]" >&2; exit 2 ;;
 esac

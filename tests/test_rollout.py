@@ -1,7 +1,5 @@
 """Rollout tests with the tiny model, for both engines: token-exact masks, reward placement, caps,
 failing environments. The engines and the model are real; only the environments are toys."""
-import copy
-
 import pytest
 import torch
 from transformers import AutoTokenizer

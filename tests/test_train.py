@@ -112,3 +112,13 @@ def test_synced_weights_reach_the_engine(engine, nproc):
     proc = torchrun([engine], nproc=nproc, script="tests/sync_check.py")
     diff = float(proc.stdout.split("max logprob diff:")[1].split()[0])
     assert diff < 1e-4
+
+
+@pytest.mark.slow
+def test_one_step_on_a_real_env_whose_imports_load_numba(tmp_path):
+    """The search env imports bm25s, which loads numba/llvmlite before the engine starts; vLLM's
+    start-up must survive that (engine._guard_llvmlite)."""
+    torchrun(["--env", "searchqa", "--steps", "1", "--horizon", "2", "--tasks-per-step", "2",
+              "--samples-per-task", "2", "--max-tokens", "16", "--out", str(tmp_path)])
+    (row,) = metrics(tmp_path)
+    assert row["turns"] > 0 and row["end/env_error"] == 0
