@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import evaluate as E
+import report as R
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--model", "tiny", "--engine", "hf", "--max-tokens", "12", "--max-context", "4096"]
@@ -55,18 +56,18 @@ class Coin:
     (200, 1, 100, 0.5),             # C(200,100) overflows a float; the product does not
 ])
 def test_pass_at_k_hand_values(n, c, k, expected):
-    assert E.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+    assert R.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 
 
 def test_pass_at_k_matches_binomials_and_rejects_bad_counts():
     for n in range(1, 9):
         for c in range(n + 1):
             for k in range(1, n + 1):
-                assert E.pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))
+                assert R.pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))
     for n, c, k in ((3, 1, 4), (3, 1, 0), (3, 4, 1), (3, -1, 1)):
         with pytest.raises(ValueError):
-            E.pass_at_k(n, c, k)
-    assert [E.k_values(k) for k in (1, 4, 6)] == [[1], [1, 2, 4], [1, 2, 4, 6]]
+            R.pass_at_k(n, c, k)
+    assert [R.k_values(k) for k in (1, 4, 6)] == [[1], [1, 2, 4], [1, 2, 4, 6]]
 
 
 def rec(task, sub, sample, budget, reward, success, turns=3, end="done"):
@@ -82,7 +83,7 @@ SYNTHETIC = (  # budget 10: task 1 (a) 2 of 4 succeed, task 2 (b) none; budget 2
 
 
 def test_summary_numbers_by_hand():
-    s = E.summarize(SYNTHETIC)
+    s = R.summarize(SYNTHETIC)
     assert s["ks"] == [1, 2, 4] and list(s["budgets"]) == ["10", "20"]
     b10 = s["budgets"]["10"]
     # Avg@4: task 1 (1+1+0-1)/4 = 0.25, task 2 0.5/4 = 0.125 -> 0.1875; success (0.5 + 0) / 2
@@ -97,7 +98,7 @@ def test_summary_numbers_by_hand():
     # task 2 with one success of 4: Pass@2 = 1 - C(3,2)/C(4,2) = 1/2 -> overall (1 + 1/2) / 2
     assert b20["all"]["success"] == pytest.approx((1 + 0.25) / 2) and b20["all"]["pass@2"] == pytest.approx(0.75)
     assert b20["subtasks"]["b"]["avg_reward"] == pytest.approx(0.25)
-    lines = E.table(s).splitlines()
+    lines = R.table(s).splitlines()
     assert lines[0] == "| turns | subtask | tasks | Avg@4 reward | success % | Pass@1 % | Pass@2 % | Pass@4 % | mean turns |"
     assert "| 10 | all | 2 | 0.188 | 25.0 | 25.0 | 41.7 | 50.0 | 8.2 |" in lines  # 8.25 rounds half to even
     assert "| 20 | b | 1 | 0.250 | 25.0 | 25.0 | 50.0 | 100.0 | 6.0 |" in lines
