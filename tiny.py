@@ -1,7 +1,7 @@
 """A tiny chat model and tokenizer, built offline and deterministically, for CPU runs and tests.
 
 `tiny_model_dir()` returns a directory that transformers and vLLM load like any HF model: a
-Qwen2-shaped causal LM (about 0.5M parameters, head_dim 32 because vLLM's CPU attention needs
+Qwen2-shaped causal LM (about 0.2M parameters, head_dim 32 because vLLM's CPU attention needs
 head_dim >= 32) and a byte-level BPE tokenizer trained on the spot on agent-style text, with a
 ChatML chat template. Nothing is downloaded. `resolve_model("tiny")` maps the name used on the
 command line to that directory; any other name or path is passed through unchanged.

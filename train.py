@@ -159,6 +159,71 @@ def score(model, batch: dict, micro: list[list[int]], temperature: float, value:
     return out
 
 
+def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: dict, old, ref_lp, values, adv,
+           returns, kl_in_reward: bool, seed: int, reduce_sum=None, reduce_max=None) -> dict:
+    """Step (4): `ppo_epochs` x `mini_batches` optimizer steps over the batch, each accumulating
+    micro-batches within the token budget. Losses are divided by the mini-batch's policy-token count
+    over all ranks (`reduce_sum`, default all ranks), so the gradient does not depend on the split.
+    Returns sums of this rank's loss terms (its share of each global mean) and the update count."""
+    reduce_sum, reduce_max = reduce_sum or all_sum, reduce_max or all_max
+    world = dist.get_world_size() if reduce_sum is all_sum else 1
+    policy, mask, lengths = models["policy"], batch["mask"], batch["attn"].sum(1)
+    stats = dict.fromkeys(("loss", "clip_frac", "kl", "entropy", "grad_norm", "value_loss", "updates"), 0.0)
+    gen = torch.Generator().manual_seed(seed)
+    for epoch in range(cfg.ppo_epochs):
+        order = torch.randperm(len(mask), generator=gen).tolist()
+        for part in range(cfg.mini_batches):
+            chunk = order[part::cfg.mini_batches]
+            tokens, seqs = reduce_sum(mask[chunk].sum(), len(chunk))
+            norm = {"token-mean": tokens, "seq-mean-token-mean": seqs, "seq-sum-norm": seqs * cfg.max_context}[cfg.agg]
+            micro = micro_batches(chunk, lengths, cfg.micro_tokens)
+            for mb in _pad(micro, reduce_max(len(micro))):
+                rows = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
+                lp, ent = forward(policy, batch, rows, cfg.temperature, entropy=True)
+                w = lp.shape[1]
+                m = mask[rows, :w].to(lp.device) * bool(mb)
+                loss, pm = A.policy_loss(lp, old[rows, :w].to(lp.device), adv[rows, :w].to(lp.device), m,
+                                         cfg.clip_low, cfg.clip_high, cfg.dual_clip or None, cfg.agg, norm)
+                kl = A.kl_loss(lp, ref_lp[rows, :w].to(lp.device), m, cfg.kl_kind, tokens) if ref_lp is not None else lp.new_zeros(())
+                if ref_lp is not None and not kl_in_reward:
+                    loss = loss + cfg.kl_coef * kl
+                ent_sum = A.masked_sum(ent, m) / max(tokens, 1)
+                if cfg.entropy_coef:
+                    loss = loss - cfg.entropy_coef * ent_sum
+                # FSDP2 averages gradients over ranks; the loss is already a mean over all ranks' tokens
+                (loss * world).backward()
+                stats["loss"] += loss.item()
+                stats["kl"] += kl.item()
+                stats["entropy"] += ent_sum.item()
+                stats["clip_frac"] += float(pm["clip_frac"]) * float(m.sum()) / max(tokens, 1)
+                if "critic" in models:
+                    v, _ = forward(models["critic"], batch, rows, 1.0, value=True)
+                    vl, _ = A.value_loss(v, values[rows, :w].to(v.device), returns[rows, :w].to(v.device), m,
+                                         normalizer=tokens)
+                    (vl * world).backward()
+                    stats["value_loss"] += vl.item()
+            for key, opt in optimizers.items():
+                norm_ = torch.nn.utils.clip_grad_norm_(models[key].parameters(), cfg.grad_clip)
+                norm_ = norm_.full_tensor() if hasattr(norm_, "full_tensor") else norm_
+                if key == "policy":
+                    stats["grad_norm"] += float(norm_)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                if schedulers:
+                    schedulers[key].step()
+            stats["updates"] += 1
+    return stats
+
+
+def sync(engine, policy, dtype) -> None:
+    """Step (5): stream the full parameters into this rank's generator. Every rank drains the stream,
+    so all run the same gathers even if the engine stops reading early."""
+    weights = full_tensors(policy, dtype)
+    engine.sync_weights(weights)
+    for _ in weights:
+        pass
+
+
 def all_sum(*xs: float) -> list[float]:
     t = torch.tensor([float(x) for x in xs], dtype=torch.float64)
     dist.all_reduce(t)
@@ -294,13 +359,11 @@ def main(argv=None):
         timing.update({f"time/{k}": v for k, v in rt.items()})
         batch = collate(episodes, tokenizer.pad_token_id or 0)
         mask = batch["mask"]
-        lengths = batch["attn"].sum(1)
-        rows = list(range(len(episodes)))
-        n_micro = all_max(len(micro_batches(rows, lengths, cfg.micro_tokens)))
 
         # (2) logprobs of the policy before the update ("old"), the reference, the critic
         t = time.perf_counter()
-        micro = _pad(micro_batches(rows, lengths, cfg.micro_tokens), n_micro)
+        micro = micro_batches(list(range(len(episodes))), batch["attn"].sum(1), cfg.micro_tokens)
+        micro = _pad(micro, all_max(len(micro)))
         old = score(policy, batch, micro, cfg.temperature)
         ref_lp = score(ref, batch, micro, cfg.temperature) if ref is not None else None
         values = score(models["critic"], batch, micro, 1.0, value=True) if "critic" in models else None
@@ -312,68 +375,22 @@ def main(argv=None):
 
         # (4) updates: epochs x mini-batches x micro-batches, losses over the global token count
         t = time.perf_counter()
-        stats = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0, "value_loss": 0.0}
-        updates = 0
-        gen = torch.Generator().manual_seed(cfg.seed * 31 + step)
-        for epoch in range(cfg.ppo_epochs):
-            order = torch.randperm(len(rows), generator=gen).tolist()
-            for part in range(cfg.mini_batches):
-                chunk = order[part::cfg.mini_batches]
-                tokens, seqs = all_sum(mask[chunk].sum(), len(chunk))
-                norm = {"token-mean": tokens, "seq-mean-token-mean": seqs, "seq-sum-norm": seqs * cfg.max_context}[cfg.agg]
-                mbs = _pad(micro_batches(chunk, lengths, cfg.micro_tokens), all_max(len(micro_batches(chunk, lengths, cfg.micro_tokens))))
-                for mb in mbs:
-                    rows_ = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
-                    lp, ent = forward(policy, batch, rows_, cfg.temperature, entropy=True)
-                    w = lp.shape[1]
-                    m = mask[rows_, :w].to(lp.device) * bool(mb)
-                    loss, pm = A.policy_loss(lp, old[rows_, :w].to(lp.device), adv[rows_, :w].to(lp.device), m,
-                                             cfg.clip_low, cfg.clip_high, cfg.dual_clip or None, cfg.agg, norm)
-                    kl = A.kl_loss(lp, ref_lp[rows_, :w].to(lp.device), m, cfg.kl_kind, tokens) if ref_lp is not None else lp.new_zeros(())
-                    if ref_lp is not None and not kl_in_reward:
-                        loss = loss + cfg.kl_coef * kl
-                    ent_sum = A.masked_sum(ent, m) / max(tokens, 1)
-                    if cfg.entropy_coef:
-                        loss = loss - cfg.entropy_coef * ent_sum
-                    # FSDP2 averages gradients over ranks; the loss is already a mean over all ranks' tokens
-                    (loss * world).backward()
-                    share = float(m.sum()) / max(tokens, 1)
-                    stats["loss"] += loss.item()
-                    stats["kl"] += kl.item()
-                    stats["entropy"] += ent_sum.item()
-                    stats["clip_frac"] += float(pm["clip_frac"]) * share
-                    if "critic" in models:
-                        v, _ = forward(models["critic"], batch, rows_, 1.0, value=True)
-                        vl, _ = A.value_loss(v, values[rows_, :w].to(v.device), returns[rows_, :w].to(v.device), m,
-                                             normalizer=tokens)
-                        (vl * world).backward()
-                        stats["value_loss"] += vl.item()
-                for key, opt in optimizers.items():
-                    norm_ = torch.nn.utils.clip_grad_norm_(models[key].parameters(), cfg.grad_clip)
-                    norm_ = norm_.full_tensor() if hasattr(norm_, "full_tensor") else norm_
-                    if key == "policy":
-                        stats["grad_norm"] += float(norm_)
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                    schedulers[key].step()
-                updates += 1
+        stats = update(cfg, models, optimizers, schedulers, batch, old, ref_lp, values, adv, returns, kl_in_reward,
+                       seed=cfg.seed * 31 + step)
         timing["time/update"] = time.perf_counter() - t
 
         # (5) weight sync into this rank's generator
         t = time.perf_counter()
         engine.wake()
-        weights = full_tensors(policy, dtype)
-        engine.sync_weights(weights)
-        for _ in weights:  # finish the stream so every rank runs the same gathers
-            pass
+        sync(engine, policy, dtype)
         timing["time/sync"] = time.perf_counter() - t
 
         # (6) log and checkpoint
         metrics = _rollout_metrics(episodes, horizon)
         # every loss term is a rank's share of a global mean: summed over ranks, averaged over updates
         keys = ("loss", "kl", "entropy", "clip_frac", "value_loss")
-        metrics.update({k: v / updates for k, v in zip(keys, all_sum(*(stats[k] for k in keys)))})
-        metrics["grad_norm"] = stats["grad_norm"] / updates
+        metrics.update({k: v / stats["updates"] for k, v in zip(keys, all_sum(*(stats[k] for k in keys)))})
+        metrics["grad_norm"] = stats["grad_norm"] / stats["updates"]
         metrics["lr"] = schedulers["policy"].get_last_lr()[0]
         timing["time/step"] = time.perf_counter() - t0
         metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
