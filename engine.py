@@ -20,6 +20,7 @@ Pick one with `make_engine(model_dir, kind="auto"|"vllm"|"hf", ...)`: auto takes
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass
@@ -47,11 +48,8 @@ class Sample:
 
 
 def vllm_available() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    # find_spec, not import: importing vLLM here would fix its log level before VLLMEngine sets it
+    return importlib.util.find_spec("vllm") is not None
 
 
 def make_engine(model_dir: str, kind: str = "auto", device: str = "cpu", dtype: str = "float32",
@@ -69,7 +67,7 @@ class VLLMEngine:
     def __init__(self, model_dir, device, dtype, max_model_len, seed, gpu_memory_utilization):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: 2 s start, not 12 s
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")          # GiB of KV cache on CPU
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its CPU-build warnings are noise here
         from vllm import LLM
 
         _guard_llvmlite()

@@ -304,6 +304,9 @@ def main(argv=None):
 
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one progress bar per run: ours
 
     base = resolve_model(cfg.model) if rank == 0 else None  # rank 0 builds the tiny model if needed
     dist.barrier()
