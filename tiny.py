@@ -35,7 +35,7 @@ MODEL = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_att
              num_key_value_heads=1, max_position_embeddings=8192, rope_theta=10000.0,
              tie_word_embeddings=True, rms_norm_eps=1e-6)
 VOCAB_SIZE = 2048
-VERSION = 1  # bump when the recipe below changes, so cached builds are not reused
+VERSION = 2  # bump when the recipe below changes, so cached builds are not reused
 
 
 def _corpus() -> list[str]:
@@ -90,8 +90,12 @@ def _build_tokenizer(texts: list[str]):
     for s in SPECIAL:
         vocab[s] = len(vocab)
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
-    return Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                          unk_token=None, chat_template=CHAT_TEMPLATE, model_max_length=MODEL["max_position_embeddings"])
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                               unk_token=None, chat_template=CHAT_TEMPLATE,
+                               model_max_length=MODEL["max_position_embeddings"])
+    # The role marker must be one special token, as in real chat models, not spelled out byte by byte.
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    return tokenizer
 
 
 def _key() -> str:

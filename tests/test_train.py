@@ -122,3 +122,12 @@ def test_one_step_on_a_real_env_whose_imports_load_numba(tmp_path):
               "--samples-per-task", "2", "--max-tokens", "16", "--out", str(tmp_path)])
     (row,) = metrics(tmp_path)
     assert row["turns"] > 0 and row["end/env_error"] == 0
+
+
+def test_plain_python_runs_the_same_code_as_one_rank(tmp_path):
+    proc = subprocess.run([sys.executable, "train.py", "--env", "tests.toy:Digits", "--steps", "1", "--engine", "hf",
+                           "--max-tokens", "6", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = metrics(tmp_path)
+    assert row["turns"] == 2 and (tmp_path / "checkpoints" / "latest").exists()
