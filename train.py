@@ -315,19 +315,20 @@ def main(argv=None):
     tokenizer = AutoTokenizer.from_pretrained(policy_path)
     chat = ChatFormat(tokenizer)
     mesh = init_device_mesh(d.device, (world,))
-    dev = torch.device(d.device)
-    policy = shard(AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32).to(dev), mesh, d.dtype,
+    # Models load on the CPU; fully_shard moves each block to the mesh's device as it shards it, so no
+    # GPU ever holds a whole unsharded fp32 copy.
+    policy = shard(AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32), mesh, d.dtype,
                    cfg.checkpointing)
     optimizers = {"policy": torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)}
     models = {"policy": policy}
     ref = None
     if cfg.kl_coef > 0:
-        ref = shard(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(dev), mesh, d.dtype,
+        ref = shard(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), mesh, d.dtype,
                     False, trainable=False)
     if cfg.algo == "ppo":
         critic_path = str(resume_from / "critic") if resume_from else base
         critic = AutoModelForTokenClassification.from_pretrained(critic_path, num_labels=1, dtype=torch.float32)
-        models["critic"] = shard(critic.to(dev), mesh, d.dtype, cfg.checkpointing)
+        models["critic"] = shard(critic, mesh, d.dtype, cfg.checkpointing)
         optimizers["critic"] = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
     start = checkpoint.load_training_state(resume_from, models, optimizers, rank, world) if resume_from else 0
     done_updates = start * cfg.ppo_epochs * cfg.mini_batches  # warmup position is a function of the step too
