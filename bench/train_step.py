@@ -4,8 +4,8 @@ sync, and the cost of FSDP2 against a plain unsharded update of the same tokens.
     torchrun --nproc_per_node 2 bench/train_step.py                 # 2 ranks, FSDP2 over gloo
     python bench/train_step.py --model small --hidden 256 --layers 4  # one process, a larger model
 
-The step is train.py's, phases (2) to (5), built from train.py's own functions (`collate`,
-`micro_batches`, `_pad`, `score`, `global_advantages`, `update`, `sync`, `shard`, `full_tensors`);
+The step is train.py's, phases (2) to (5), built from train.py's own functions (
+`global_advantages`, `update`, `sync`, `shard`, `full_tensors`) and batch.py's (`collate`, `micro_batches`, `pad`, `score`);
 the rollout (1) is replaced by synthetic episodes, since bench/rollout.py measures it. The plain
 comparison runs the same `train.update` with one-process reductions on an unsharded copy.
 
@@ -42,6 +42,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import algorithms as A  # noqa: E402
 import config as configs  # noqa: E402
+import batch as batch_  # noqa: E402
 import train  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
 from rollout import Episode  # noqa: E402
@@ -108,14 +109,14 @@ def step(policy, ref, opt, plain, engine, cfg, d, episodes, pad_id, world) -> di
     times, clock = {}, time.perf_counter
     kl_in_reward = cfg.algo.startswith("reinforce++") and ref is not None
     t = clock()  # batch building and micro-batching, which train.main does before it starts timing (2)
-    batch = train.collate(episodes, pad_id)
+    batch = batch_.collate(episodes, pad_id)
     mask, lengths = batch["mask"], batch["attn"].sum(1)
     rows = list(range(len(episodes)))
-    n_micro = train.all_max(len(train.micro_batches(rows, lengths, cfg.micro_tokens)))
-    micro = train._pad(train.micro_batches(rows, lengths, cfg.micro_tokens), n_micro)
+    n_micro = train.all_max(len(batch_.micro_batches(rows, lengths, cfg.micro_tokens)))
+    micro = batch_.pad(batch_.micro_batches(rows, lengths, cfg.micro_tokens), n_micro)
     times["collate"], t = clock() - t, clock()
-    old = train.score(policy, batch, micro, cfg.temperature)
-    ref_lp = train.score(ref, batch, micro, cfg.temperature) if ref is not None else None
+    old = batch_.score(policy, batch, micro, cfg.temperature)
+    ref_lp = batch_.score(ref, batch, micro, cfg.temperature) if ref is not None else None
     times["logprobs"], t = clock() - t, clock()
     token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * mask if kl_in_reward else None
     adv, _ = train.global_advantages(cfg, d, batch, None, token_kl)

@@ -10,6 +10,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
+import batch as batch_  # noqa: E402
 import train  # noqa: E402
 from engine import Sampling, make_engine  # noqa: E402
 from tiny import tiny_model_dir  # noqa: E402
@@ -34,7 +35,7 @@ prompt = [5, 17, 230, 41, 99, 7]
 sample = engine.generate([prompt], Sampling(max_tokens=12, temperature=1.0, seed=3))[0]
 batch = {"ids": torch.tensor([prompt + sample.ids]), "attn": torch.ones(1, len(prompt) + len(sample.ids), dtype=torch.long)}
 with torch.no_grad():
-    lp, _ = train.forward(policy, batch, [0], 1.0)
+    lp, _ = batch_.forward(policy, batch, [0], 1.0)
 diff = (lp[0, len(prompt):] - torch.tensor(sample.logprobs)).abs().max()
 diffs = [None] * world
 dist.all_gather_object(diffs, float(diff))
