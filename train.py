@@ -272,7 +272,9 @@ def main(argv=None):
     base = resolve_model(cfg.model) if rank == 0 else None  # rank 0 builds the tiny model if needed
     dist.barrier()
     base = resolve_model(cfg.model)
-    policy_path = str(resume_from / "policy") if resume_from else base
+    warm_dir = out / "warmstart"
+    warm_done = cfg.resume and (warm_dir / "config.json").exists()  # a resumed run keeps its warm start
+    policy_path = str(resume_from / "policy") if resume_from else str(warm_dir) if warm_done else base
     tokenizer = AutoTokenizer.from_pretrained(policy_path)
     chat = ChatFormat(tokenizer)
     mesh = init_device_mesh(d.device, (world,))
@@ -283,9 +285,9 @@ def main(argv=None):
     optimizers = {"policy": torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)}
     models = {"policy": policy}
     ref = None
-    if cfg.kl_coef > 0:
-        ref = shard(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), mesh, d.dtype,
-                    False, trainable=False)
+    if cfg.kl_coef > 0:  # the KL anchor is the model RL starts from: the warm start when there is one
+        ref = shard(AutoModelForCausalLM.from_pretrained(str(warm_dir) if warm_done else base, dtype=torch.float32),
+                    mesh, d.dtype, False, trainable=False)
     if cfg.algo == "ppo":
         critic_path = str(resume_from / "critic") if resume_from else base
         critic = AutoModelForTokenClassification.from_pretrained(critic_path, num_labels=1, dtype=torch.float32)
@@ -308,6 +310,9 @@ def main(argv=None):
         log = RunLog(out, cfg.steps, start, d.schedule)
     kl_in_reward = cfg.algo.startswith("reinforce++") and ref is not None
     dtype = getattr(torch, d.dtype)
+    if cfg.bc_episodes and not resume_from and not warm_done:
+        behaviour_clone(cfg, d, policy, ref, env_pool, threads, chat, tokenizer, train_ids, warm_dir)
+        sync(engine, policy, dtype)
 
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
@@ -386,6 +391,36 @@ def main(argv=None):
         engine.close()
     if dist.is_initialized():  # vLLM's shutdown may already have destroyed the default group
         dist.destroy_process_group()
+
+
+def behaviour_clone(cfg, d, policy, ref, env_pool, pool, chat, tokenizer, train_ids, warm_dir: Path) -> None:
+    """The warm start (warmstart.py): this rank's share of expert episodes on train tasks, imitated
+    through the FSDP2 policy; the result is saved to `warm_dir` (an HF directory, for evaluate.py and
+    --resume) and, with a KL term, copied into the reference model."""
+    import warmstart
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = time.perf_counter()
+    mine = warmstart.demo_tasks(train_ids, cfg.bc_episodes, cfg.seed)[rank::world]
+    turns = max(d.schedule.budgets)
+    parts = [mine[i::len(env_pool)] for i in range(len(env_pool))]  # one env instance plays each part
+    played = pool.map(lambda i: [warmstart.expert_episode(env_pool[i], chat, task, turns, cfg.max_context)
+                                 for task in parts[i]], range(len(env_pool)))
+    episodes = [ep for part in played for ep in part]
+    n, wins, tokens = all_sum(len(episodes), sum(e.success for e in episodes), sum(sum(e.mask) for e in episodes))
+    print0(f"warm start: {int(n)} expert episodes (success {wins / max(n, 1):.0%}, {tokens / max(n, 1):.0f} "
+           f"policy tokens each) in {time.perf_counter() - t:.0f}s; imitating them")
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
+    bar = (lambda k, total, nll: print0(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")) if RANK == 0 else None
+    losses = warmstart.clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens,
+                             cfg.seed, tokenizer.pad_token_id or 0, all_sum, all_max, world, progress=bar)
+    del optimizer
+    checkpoint.save_model(warm_dir, policy, tokenizer, rank)
+    if ref is not None:
+        with torch.no_grad():
+            ref.load_state_dict(policy.state_dict())
+    print0(f"warm start done in {time.perf_counter() - t:.0f}s: NLL {losses[0]:.3f} -> {losses[-1]:.3f}; "
+           f"saved {warm_dir}")
 
 
 def quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, turns: int, pool) -> dict:

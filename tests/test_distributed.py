@@ -1,0 +1,135 @@
+"""The trainer's collectives and FSDP2 wrap on 2 real gloo ranks (torch.multiprocessing, no torchrun):
+
+- every host-tensor collective the trainer runs (all_sum, all_max, the cross-rank advantages and
+  whitening) works under a group built the way the GPU path builds it, `train.backend("cuda")`, with
+  gloo standing in for NCCL on the cuda side, and the old NCCL-only string's analogue fails;
+- the cross-rank advantages equal `algorithms.advantages` on the gathered batch, for every estimator;
+- `train.shard` puts trained models in train mode (so activation checkpointing really runs) and the
+  frozen reference in eval mode.
+"""
+import os
+import random
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import algorithms as A
+import config as configs
+import train
+
+WORLD = 2
+
+
+def _run(rank, fn, init_file, backend, results):
+    try:
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+        results[rank] = fn(rank)
+    except Exception:  # noqa: BLE001 - sent back to the test, which fails with it
+        results[rank] = "ERROR " + traceback.format_exc()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(fn, backend):
+    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
+        results = manager.dict()
+        mp.start_processes(_run, args=(fn, os.path.join(tmp, "init"), backend, results), nprocs=WORLD,
+                           start_method="fork")
+        out = [results[r] for r in range(WORLD)]
+    for r in out:
+        assert not (isinstance(r, str) and r.startswith("ERROR")), r
+    return out
+
+
+def gpu_style_backend() -> str:
+    """train.backend("cuda") with gloo in NCCL's place: the same per-device routing, runnable on CPU."""
+    return train.backend("cuda").replace("nccl", "gloo")
+
+
+def batch_for(rank: int, seed: int = 0) -> dict:
+    """The whole step's batch (same on every rank); each rank keeps its contiguous share."""
+    rng = random.Random(seed)
+    B, T = 8, 12
+    mask = torch.zeros(B, T)
+    for i in range(B):
+        start = rng.randint(1, 4)
+        mask[i, start:start + rng.randint(2, 7)] = 1
+        mask[i, start + 8:T] = float(rng.random() < 0.5)
+    rewards = torch.tensor([0.97] * 4 + [rng.choice((0.0, 0.25, 1.0)) for _ in range(4)])
+    groups = torch.arange(2).repeat_interleave(4)
+    full = {"mask": mask, "rewards": rewards, "groups": groups}
+    share = slice(rank * B // WORLD, (rank + 1) * B // WORLD)
+    return full, {k: v[share] for k, v in full.items()}
+
+
+def _collectives(rank):
+    out = {"sum": train.all_sum(rank + 1, 0.5), "max": train.all_max(rank * 3)}
+    full, mine = batch_for(rank)
+    for algo in ("grpo", "rloo", "reinforce++", "reinforce++_baseline"):
+        cfg = configs.Config(algo=algo, kl_coef=0.0)
+        d = configs.derive(cfg)
+        adv, _ = train.global_advantages(cfg, d, mine, None, None)
+        ref, _ = A.advantages(algo, full["rewards"], full["mask"], full["groups"])
+        share = slice(rank * 4, (rank + 1) * 4)
+        out[algo] = float((adv - ref[share]).abs().max())
+        out[algo + "_nonzero_const_group"] = int(torch.count_nonzero(adv[: 4 - 4 * rank]) if rank == 0 else 0)
+    return out
+
+
+def test_host_collectives_and_cross_rank_advantages_under_the_gpu_style_group():
+    for result in spawn(_collectives, gpu_style_backend()):
+        assert result["sum"] == [3.0, 1.0] and result["max"] == 3
+        for algo in ("grpo", "rloo", "reinforce++", "reinforce++_baseline"):
+            assert result[algo] < 1e-5, (algo, result[algo])
+        assert result["grpo_nonzero_const_group"] == 0  # the all-0.97 group sits on rank 0
+
+
+def _cpu_all_reduce(rank):
+    t = torch.ones(2)
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as exc:
+        return str(exc)
+    return "ok"
+
+
+def test_an_accelerator_only_group_cannot_reduce_host_tensors():
+    """The analogue of `init_process_group("nccl")`: a backend only for cuda tensors has nothing for
+    the CPU tensors the trainer reduces, which is why train.backend routes cpu to gloo."""
+    assert spawn(_cpu_all_reduce, gpu_style_backend()) == ["ok", "ok"]
+    errors = spawn(_cpu_all_reduce, "cuda:gloo")
+    assert all("No backend type associated with device type cpu" in e for e in errors), errors
+
+
+def _modes_and_checkpointing(rank):
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM
+
+    from tiny import tiny_model_dir
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    ids = torch.randint(0, 1000, (2, 64))
+    saved = {}
+    for checkpointing in (False, True):
+        model = train.shard(AutoModelForCausalLM.from_pretrained(tiny_model_dir()), mesh, "float32", checkpointing)
+        count = [0]
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: count.__setitem__(0, count[0] + 1) or t, lambda t: t):
+            model(input_ids=ids, use_cache=False).logits.sum()
+        saved[checkpointing] = count[0]
+        policy_mode = model.training
+    ref = train.shard(AutoModelForCausalLM.from_pretrained(tiny_model_dir()), mesh, "float32", False, trainable=False)
+    return {"saved": saved, "policy_training": policy_mode, "ref_training": ref.training,
+            "ref_grad": any(p.requires_grad for p in ref.parameters())}
+
+
+@pytest.mark.parametrize("unused", [0])
+def test_trained_models_train_with_checkpointing_and_the_reference_is_frozen(unused):
+    for r in spawn(_modes_and_checkpointing, "gloo"):
+        assert r["policy_training"] and not r["ref_training"] and not r["ref_grad"]
+        # checkpointed layers keep only their inputs for backward: far fewer saved tensors
+        assert r["saved"][True] < r["saved"][False] / 2, r["saved"]

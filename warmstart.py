@@ -1,0 +1,97 @@
+"""Behaviour cloning from the environment's own solver: the warm start before RL on a real model.
+
+Why: untrained, SmolLM2-135M-Instruct almost never writes a reply in the required format (BabyAI: 2
+of 256 first replies), so every episode scores 0, every GRPO group is constant and its advantage is
+exactly 0: RL from environment reward has nothing to work with. AgentGym itself started its agents from
+behaviour cloning (AgentTraj) before its evolution step; this is the same idea at laptop scale.
+
+Departure from the paper: AgentGym-RL trains from the instruct model with RL alone (a 7B model follows
+the format out of the box). Here, when `--bc-episodes` > 0, the policy first imitates the env's expert
+(`env.expert()`, e.g. minigrid's BabyAI bot behind the text actions, envs/babyai_expert.py) on TRAIN
+tasks for a short while, and RL starts from that model. Results report the RL gain over this warm start,
+not over the raw model.
+
+How: each rank plays its share of expert episodes in the env and records them token-exactly as
+`rollout.Episode`s (prompt, then the expert's reply tokens with mask 1 and end-of-turn token, then
+observation tokens with mask 0), exactly the layout RL trains on. Training is the negative
+log-likelihood of the masked tokens, summed over a mini-batch and divided by its policy-token count
+over all ranks, through the same FSDP2 model, micro-batching and sliced LM head as the RL update.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from batch import collate, forward, micro_batches, pad
+from rollout import Episode
+
+
+def expert_episode(env, chat, task_id: int, max_turns: int, max_context: int) -> Episode:
+    """One expert episode of `task_id`, recorded as the RL rollout would record a sampled one."""
+    obs = env.reset(task_id)
+    ep = Episode(task_id, 0, [], 0, messages=[{"role": "system", "content": env.instruction},
+                                              {"role": "user", "content": obs}])
+    ep.ids = chat.prompt(env.instruction, obs)
+    ep.prompt_len = len(ep.ids)
+    for turn in range(max_turns):
+        reply = env.expert()
+        reply_ids = chat.encode(reply) + list(chat.stop_ids[:1])
+        if len(ep.ids) + len(reply_ids) > max_context:
+            ep.end = "context"
+            break
+        ep.append(reply_ids, True)
+        ep.turns += 1
+        ep.messages.append({"role": "assistant", "content": reply})
+        obs, ep.reward, done = env.step(reply)
+        ep.success = bool(getattr(env, "success", False))
+        if done:
+            ep.end = "done"
+            break
+        obs_ids = chat.observation(obs, stopped=True)
+        if turn + 1 == max_turns or len(ep.ids) + len(obs_ids) >= max_context:
+            ep.end = "horizon" if turn + 1 == max_turns else "context"
+            break
+        ep.append(obs_ids, False)
+        ep.messages.append({"role": "user", "content": obs})
+    ep.end = ep.end or "horizon"
+    return ep
+
+
+def demo_tasks(train_ids: list[int], count: int, seed: int) -> list[int]:
+    """`count` distinct train tasks for the demonstrations, a seeded sample (never test tasks)."""
+    return random.Random(seed * 7_000_003 + 1).sample(list(train_ids), min(count, len(train_ids)))
+
+
+def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes: int, micro_tokens: int,
+          seed: int, pad_id: int, reduce_sum, reduce_max, world: int, progress=None) -> list[float]:
+    """Minimise -log p(expert tokens) over `epochs` passes, `batch_episodes` episodes of this rank per
+    optimizer step. Returns the mean NLL per policy token of each step (over all ranks)."""
+    batch = collate(episodes, pad_id)
+    mask, lengths = batch["mask"], batch["attn"].sum(1)
+    gen = torch.Generator().manual_seed(seed)
+    steps = -(-len(episodes) // batch_episodes)
+    n_steps = reduce_max(steps)  # every rank runs the same number of optimizer steps (collectives)
+    losses = []
+    for _ in range(epochs):
+        order = torch.randperm(len(episodes), generator=gen).tolist()
+        for s in range(n_steps):
+            chunk = order[s * batch_episodes:(s + 1) * batch_episodes]
+            (tokens,) = reduce_sum(mask[chunk].sum() if chunk else 0.0)
+            micro = micro_batches(chunk, lengths, micro_tokens)
+            total = 0.0
+            for mb in pad(micro, reduce_max(len(micro))):
+                rows = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
+                lp, _ = forward(model, batch, rows, 1.0)
+                m = mask[rows, :lp.shape[1]].to(lp.device) * bool(mb)
+                loss = -(lp * m).sum() / max(tokens, 1)
+                (loss * world).backward()  # FSDP2 averages gradients over ranks
+                total += loss.item()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            (mean_nll,) = reduce_sum(total)
+            losses.append(mean_nll)
+            if progress:
+                progress(len(losses), n_steps * epochs, mean_nll)
+    return losses
