@@ -99,7 +99,8 @@ def smollm2(env: str | None = None) -> Config:
     action, so RL alone sees only zero rewards), then GRPO under ScalingInter stages; no KL term (a
     departure from the paper's 0.001, saving the reference model's forward on 2 cores). Greedy held-out
     evaluation every 5 steps. About 30 minutes on 2 cores."""
-    return Config(env=env or "babyai", model="smollm2", algo="grpo", steps=24, tasks_per_step=8, samples_per_task=4,
+    env = env or "babyai"
+    return Config(env=env, env_options='{"brief": true}' if env == "babyai" else "{}", model="smollm2", algo="grpo", steps=24, tasks_per_step=8, samples_per_task=4,
                   horizon="4,6,8@8", max_tokens=40, max_context=3072, temperature=1.0, lr=5e-6, kl_coef=0.0,
                   micro_tokens=4096, checkpointing=True, eval_every=6, eval_tasks=40, bc_episodes=128, bc_epochs=1,
                   bc_lr=5e-5, bc_batch=8, out="runs/{env}-smollm2")

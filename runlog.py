@@ -66,6 +66,10 @@ def plot_rewards(metrics_file: Path, png: Path, schedule) -> None:
             hi = (i + 1) * schedule.stage_length if i + 1 < len(schedule.budgets) else steps[-1] + 1
             ax.axvspan(lo, min(hi, steps[-1] + 1), alpha=0.08 * (i + 1), color="tab:green")
             ax.text(lo, 1.02, f"{budget} turn{'s' * (budget != 1)}", transform=ax.get_xaxis_transform(), fontsize=8)
+    held = [(0, rows[s]["eval_start/success"]) for s in steps if "eval_start/success" in rows[s]]
+    held += [(s + 1, rows[s]["eval/success"]) for s in steps if "eval/success" in rows[s]]  # after step s's update
+    if held:
+        ax.plot(*zip(*held), "o-", color="tab:red", label="held-out success (greedy, test tasks)")
     ax.set_xlabel("training step")
     ax.set_ylim(min(-0.05, min(rows[s]["reward"] for s in steps)), 1.05)
     ax.legend(loc="lower right")

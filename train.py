@@ -119,7 +119,14 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
     reduce_sum, reduce_max = reduce_sum or all_sum, reduce_max or all_max
     world = dist.get_world_size() if reduce_sum is all_sum else 1
     policy, mask, lengths = models["policy"], batch["mask"], batch["attn"].sum(1)
-    stats = dict.fromkeys(("loss", "clip_frac", "kl", "entropy", "grad_norm", "value_loss", "updates"), 0.0)
+    stats = dict.fromkeys(("loss", "clip_frac", "kl", "entropy", "grad_norm", "value_loss", "updates",
+                           "skipped_rows", "sampler_gap", "gap_tokens"), 0.0)
+    # A row whose advantage is 0 on every token adds exactly 0 to the policy gradient (the loss is
+    # -A * ratio); when no other term touches it (no KL, no entropy bonus, no critic) its forward and
+    # backward are skipped. It still counts in the normaliser, so the gradient is unchanged. GRPO makes
+    # many such rows: every group whose rewards are all equal (all solved, or all failed).
+    idle = ref_lp is None and not cfg.entropy_coef and "critic" not in models
+    silent = {r for r in range(len(mask)) if idle and not bool((adv[r] * mask[r]).any())}
     gen = torch.Generator().manual_seed(seed)
     for epoch in range(cfg.ppo_epochs):
         order = torch.randperm(len(mask), generator=gen).tolist()
@@ -127,7 +134,9 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
             chunk = order[part::cfg.mini_batches]
             tokens, seqs = reduce_sum(mask[chunk].sum(), len(chunk))
             norm = {"token-mean": tokens, "seq-mean-token-mean": seqs, "seq-sum-norm": seqs * cfg.max_context}[cfg.agg]
-            micro = micro_batches(chunk, lengths, cfg.micro_tokens)
+            live = [r for r in chunk if r not in silent]
+            stats["skipped_rows"] += len(chunk) - len(live)
+            micro = micro_batches(live, lengths, cfg.micro_tokens)
             for mb in pad(micro, reduce_max(len(micro))):
                 rows = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
                 lp, ent = forward(policy, batch, rows, cfg.temperature, entropy=True,
@@ -135,6 +144,10 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
                 w = lp.shape[1]
                 m = mask[rows, :w].to(lp.device) * bool(mb)
                 old_mb = lp.detach() if old is None else old[rows, :w].to(lp.device)
+                if epoch == 0 and "sampler_logp" in batch:  # trainer vs sampler on the same tokens (bf16 gap)
+                    sampler = batch["sampler_logp"][rows, :w].to(lp.device)
+                    stats["sampler_gap"] += float(A.masked_sum((lp.detach() - sampler).abs(), m))
+                    stats["gap_tokens"] += float(m.sum())
                 loss, pm = A.policy_loss(lp, old_mb, adv[rows, :w].to(lp.device), m,
                                          cfg.clip_low, cfg.clip_high, cfg.dual_clip or None, cfg.agg, norm)
                 kl = lp.new_zeros(())
@@ -298,8 +311,8 @@ def main(argv=None):
     warm = lambda u: min(1.0, (done_updates + u + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0  # noqa: E731
     schedulers = {k: torch.optim.lr_scheduler.LambdaLR(o, warm) for k, o in optimizers.items()}
 
-    engine = make_engine(policy_path, cfg.engine, d.device, d.dtype, cfg.max_context, seed)
     per_rank = cfg.tasks_per_step * cfg.samples_per_task // world
+    engine = make_engine(policy_path, cfg.engine, d.device, d.dtype, cfg.max_context, seed, max_seqs=per_rank)
     env_pool = [envs.make(cfg.env, **d.env_options) for _ in range(per_rank)]
     train_ids, test_ids = env_pool[0].tasks("train"), env_pool[0].tasks("test")[:cfg.eval_tasks]
     threads = ThreadPoolExecutor(max_workers=max(1, min(cfg.env_workers, per_rank)))
@@ -314,6 +327,12 @@ def main(argv=None):
         behaviour_clone(cfg, d, policy, ref, env_pool, threads, chat, tokenizer, train_ids, warm_dir)
         sync(engine, policy, dtype)
 
+    evaluate_now = cfg.eval_every and cfg.eval_tasks
+    first = {}
+    if evaluate_now and start == 0:  # held-out success of the model RL starts from (the warm start, if any)
+        first = {k.replace("eval/", "eval_start/"): v for k, v in quick_eval(
+            cfg, engine, chat, env_pool, make_env, test_ids, max(d.schedule.budgets), threads).items()}
+        print0(f"held-out success before RL: {first['eval_start/success']:.3f} ({len(test_ids)} test tasks, greedy)")
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
         timing = {}
@@ -360,16 +379,19 @@ def main(argv=None):
         timing["time/sync"] = time.perf_counter() - t
 
         # (6) log and checkpoint
-        metrics = _rollout_metrics(episodes, horizon)
+        metrics = {**_rollout_metrics(episodes, horizon), **(first if step == start else {})}
         # every loss term is a rank's share of a global mean: summed over ranks, averaged over updates
         keys = ("loss", "kl", "entropy", "clip_frac", "value_loss")
         metrics.update({k: v / stats["updates"] for k, v in zip(keys, all_sum(*(stats[k] for k in keys)))})
         metrics["grad_norm"] = stats["grad_norm"] / stats["updates"]
+        metrics["skipped"] = all_sum(stats["skipped_rows"])[0] / (len(plan) * cfg.ppo_epochs)
+        gap, gap_n = all_sum(stats["sampler_gap"], stats["gap_tokens"])
+        metrics["sampler_gap"] = gap / max(gap_n, 1)  # mean |trainer - sampler| logprob per trained token
         metrics["lr"] = schedulers["policy"].get_last_lr()[0]
         timing["time/step"] = time.perf_counter() - t0
         metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
         last = step + 1 == cfg.steps
-        if cfg.eval_every and cfg.eval_tasks and ((step + 1) % cfg.eval_every == 0 or last):
+        if evaluate_now and ((step + 1) % cfg.eval_every == 0 or last):
             t = time.perf_counter()
             metrics.update(quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, max(d.schedule.budgets), threads))
             metrics["time/eval"] = time.perf_counter() - t
@@ -406,10 +428,12 @@ def behaviour_clone(cfg, d, policy, ref, env_pool, pool, chat, tokenizer, train_
     parts = [mine[i::len(env_pool)] for i in range(len(env_pool))]  # one env instance plays each part
     played = pool.map(lambda i: [warmstart.expert_episode(env_pool[i], chat, task, turns, cfg.max_context)
                                  for task in parts[i]], range(len(env_pool)))
-    episodes = [ep for part in played for ep in part]
-    n, wins, tokens = all_sum(len(episodes), sum(e.success for e in episodes), sum(sum(e.mask) for e in episodes))
-    print0(f"warm start: {int(n)} expert episodes (success {wins / max(n, 1):.0%}, {tokens / max(n, 1):.0f} "
-           f"policy tokens each) in {time.perf_counter() - t:.0f}s; imitating them")
+    played = [ep for part in played for ep in part]
+    # only the expert's successes: a failed expert episode ends in fallback wandering, not in skill
+    episodes = [ep for ep in played if ep.success]
+    n, wins, tokens = all_sum(len(played), len(episodes), sum(sum(e.mask) for e in episodes))
+    print0(f"warm start: {int(n)} expert episodes in {time.perf_counter() - t:.0f}s, {int(wins)} successful within "
+           f"{turns} turns ({tokens / max(wins, 1):.0f} policy tokens each); imitating those")
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
     bar = (lambda k, total, nll: print0(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")) if RANK == 0 else None
     losses = warmstart.clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens,

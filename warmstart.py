@@ -67,14 +67,16 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
           seed: int, pad_id: int, reduce_sum, reduce_max, world: int, progress=None) -> list[float]:
     """Minimise -log p(expert tokens) over `epochs` passes, `batch_episodes` episodes of this rank per
     optimizer step. Returns the mean NLL per policy token of each step (over all ranks)."""
-    batch = collate(episodes, pad_id)
+    steps = -(-len(episodes) // batch_episodes)
+    n_real = len(episodes)
+    # a rank left without episodes still joins every collective, on a dummy row that trains nothing
+    batch = collate(episodes or [Episode(0, 0, [pad_id], 1)], pad_id)
     mask, lengths = batch["mask"], batch["attn"].sum(1)
     gen = torch.Generator().manual_seed(seed)
-    steps = -(-len(episodes) // batch_episodes)
     n_steps = reduce_max(steps)  # every rank runs the same number of optimizer steps (collectives)
     losses = []
     for _ in range(epochs):
-        order = torch.randperm(len(episodes), generator=gen).tolist()
+        order = torch.randperm(n_real, generator=gen).tolist()
         for s in range(n_steps):
             chunk = order[s * batch_episodes:(s + 1) * batch_episodes]
             (tokens,) = reduce_sum(mask[chunk].sum() if chunk else 0.0)

@@ -39,6 +39,7 @@ from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT
 from minigrid.envs.babyai.core import roomgrid_level
 
 from envs import parse_action
+from envs.babyai_expert import BabyAIExpert
 
 # minigrid prints "Sampling rejected: ..." from level generation. Swapping sys.stdout around reset()
 # (contextlib.redirect_stdout) is process-global and races when several envs reset in threads (one
@@ -90,6 +91,21 @@ key of the door's color in your hands.
 Your reply must use exactly this format:
 Thought:
 <your reasoning>
+
+Action:
+<one action>"""
+
+
+# The same contract in a quarter of the tokens (about 90 with SmolLM2's tokenizer, against 300): every
+# episode carries the instruction, and on a 2-core CPU each of its tokens is paid in every training
+# forward and backward. Opt-in (`brief=True`), for the CPU learning recipe.
+BRIEF_INSTRUCTION = """You act in a grid world to reach the goal. Each turn, reply with one action:
+turn left, turn right, move forward, go to <obj> <id>, pickup <obj> <id>, go through <door> <id>, \
+toggle and go through <door> <id>, toggle, drop, check available actions.
+
+Format:
+Thought:
+<short reasoning>
 
 Action:
 <one action>"""
@@ -250,13 +266,15 @@ class BabyAI:
 
     instruction = INSTRUCTION
 
-    def __init__(self, list_actions: bool = True):
+    def __init__(self, list_actions: bool = True, brief: bool = False):
         self.list_actions = list_actions  # append the available actions to every observation (original)
+        self.instruction = BRIEF_INSTRUCTION if brief else INSTRUCTION
         self.success = False
         self._levels: dict[int, gym.Env] = {}
         self.env = None
         self.done = True
         self.reward = 0.0
+        self._expert = None  # envs.babyai_expert.BabyAIExpert for the current episode, made on demand
 
     # -- task metadata
     def tasks(self, split: str) -> list[int]:
@@ -279,6 +297,7 @@ class BabyAI:
         self.env = self._levels[index]
         obs, _ = self.env.reset(seed=seed)
         self.success, self.done, self.reward = False, False, 0.0
+        self._expert = None
         self._observe(obs["image"])
         return f"Your goal: {self.env.mission}\n{self._render('')}"
 
@@ -326,6 +345,13 @@ class BabyAI:
         if self.list_actions:
             text += "\nAvailable actions: [" + ", ".join(f'"{a}"' for a in self.actions) + "]"
         return text
+
+    def expert(self) -> str:
+        """The expert's reply ('Thought:\\n...\\n\\nAction:\\n<action>') for the current state; see
+        envs/babyai_expert.py. Its state lives until the next reset."""
+        if self._expert is None:
+            self._expert = BabyAIExpert(self)
+        return self._expert.reply()
 
     def close(self) -> None:
         for env in self._levels.values():

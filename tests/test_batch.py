@@ -114,3 +114,40 @@ def test_large_vocabulary_peak_memory_is_bounded():
     sliced = peak_mb(False)
     assert sliced < 500, f"sliced head peaked at {sliced:.0f} MB"
     assert peak_mb(True) > 500
+
+
+def test_rows_with_zero_advantage_are_skipped_without_changing_the_update():
+    """train.update skips the forward/backward of rows whose advantage is 0 everywhere (GRPO's constant
+    groups) when nothing else touches them: the parameters after the step equal the unskipped run's."""
+    import copy
+
+    import config as configs
+    import train
+    from rollout import Episode
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.float32)
+    episodes = []
+    for i in range(4):
+        ids = torch.randint(0, base.config.vocab_size, (30 + 5 * i,)).tolist()
+        ep = Episode(i, i // 2, ids[:10], 10)
+        ep.append(ids[10:20], True, [-1.0] * 10)
+        ep.append(ids[20:], False)
+        episodes.append(ep)
+    batch = B.collate(episodes, 0)
+    adv = batch["mask"] * torch.tensor([0.0, 0.0, 1.5, -0.5])[:, None]      # rows 0, 1: a constant group
+    cfg = configs.Config(kl_coef=0.0, micro_tokens=64)
+    results = []
+    for force_all in (False, True):
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        # a reference at zero KL weight changes no gradient but makes every row "touched": no skipping
+        ref = B.score(model, batch, [[0, 1, 2, 3]], 1.0) if force_all else None
+        stats = train.update(cfg, {"policy": model}, {"policy": opt}, None, batch, None, ref, None, adv, adv,
+                             False, 0, lambda *xs: [float(x) for x in xs], lambda n: n)
+        results.append((model, stats["skipped_rows"]))
+    (skipping, skipped), (full, none_skipped) = results
+    assert skipped == 2 and none_skipped == 0
+    for p, q in zip(skipping.parameters(), full.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(p, q) for p, q in zip(skipping.parameters(), base.parameters()))
