@@ -51,18 +51,22 @@ def micro_batches(rows: list[int], lengths: torch.Tensor, budget: int) -> list[l
 LOGIT_ELEMENTS = 1 << 24  # tokens x vocabulary of one head slice: 64 MB in float32 (341 tokens at 49k)
 
 
-def _head_slice(hidden, weight, targets, temperature: float, entropy: bool):
+def _head_slice(hidden, weight, targets, temperature: float, entropy: bool, entropy_grad: bool, once: dict):
     """One slice of tokens through the LM head: logprob of each target (and the entropy) at this
     temperature, in float32 from the head's output (a bf16 matmul for bf16 weights, as vLLM does).
-    Few (n, V) temporaries: the division is in place (mm's backward needs its inputs, not its output)."""
+    Few (n, V) temporaries: the division is in place (mm's backward needs its inputs, not its output).
+    A metric entropy (no gradient) is computed on the first call only: backward's recomputation of a
+    checkpointed slice skips it (it saves no tensor, so the recomputation stays consistent)."""
     logits = (hidden @ weight.T).float()                                      # (n, V)
     logits.div_(temperature)
     lse = logits.logsumexp(-1)                                                # (n,)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
-    if not entropy:
-        return logp, torch.zeros_like(logp)
-    probs = torch.softmax(logits, -1)
-    return logp, lse - torch.einsum("nv,nv->n", probs, logits)
+    if entropy and entropy_grad:
+        return logp, lse - torch.einsum("nv,nv->n", torch.softmax(logits, -1), logits)
+    if entropy and once.pop("first", False):
+        with torch.no_grad():
+            return logp, lse - torch.einsum("nv,nv->n", torch.softmax(logits, -1), logits)
+    return logp, torch.zeros_like(logp)
 
 
 def head_logprobs(hidden, weight, targets, temperature: float, entropy: bool = False, entropy_grad: bool = False,
@@ -83,7 +87,7 @@ def head_logprobs(hidden, weight, targets, temperature: float, entropy: bool = F
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     logps, ents = [], []
     for i in range(0, hidden.shape[0], n):
-        args = (hidden[i:i + n], weight, targets[i:i + n], temperature, entropy)
+        args = (hidden[i:i + n], weight, targets[i:i + n], temperature, entropy, entropy_grad, {"first": True})
         if grad:
             lp, ent = checkpoint(_head_slice, *args, use_reentrant=False)
         else:
@@ -109,11 +113,12 @@ def _final_hidden(model, ids, attn):
 
 
 def forward(model, batch: dict, rows: list[int], temperature: float, value: bool = False, entropy: bool = False,
-            entropy_grad: bool = False):
+            entropy_grad: bool = False, width: int | None = None):
     """Per-token logprobs (or critic values) of rows, aligned with ids: out[:, t] scores token t from
     position t-1; and the per-token entropy when `entropy` (else None). Logprobs and entropy are
-    float32 whatever the model's dtype; the logits are never materialised whole (`head_logprobs`)."""
-    width = int(batch["attn"][rows].sum(1).max())
+    float32 whatever the model's dtype; the logits are never materialised whole (`head_logprobs`).
+    `width` caps the positions (a padding micro-batch's dummy row needs 2, not a whole episode)."""
+    width = width or int(batch["attn"][rows].sum(1).max())
     ids, attn = batch["ids"][rows, :width].to(model.device), batch["attn"][rows, :width].to(model.device)
     if value:
         out = model(input_ids=ids, attention_mask=attn, use_cache=False).logits       # (b, w, 1)
@@ -135,10 +140,13 @@ def score(model, batch: dict, micro: list[list[int]], temperature: float, value:
     """(B, L) logprobs (or values) of the whole batch, micro-batch by micro-batch."""
     out = torch.zeros_like(batch["mask"])
     for mb in micro:
-        res, _ = forward(model, batch, mb or [0], temperature, value=value)
+        res, _ = forward(model, batch, mb or [0], temperature, value=value, width=None if mb else DUMMY_WIDTH)
         if mb:
             out[mb, :res.shape[1]] = res.float().cpu()
     return out
+
+
+DUMMY_WIDTH = 2  # positions a padding micro-batch runs: one scored token keeps every parameter in the graph
 
 
 def pad(mbs: list[list[int]], n: int) -> list[list[int]]:

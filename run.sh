@@ -35,7 +35,7 @@ case "$cmd" in
     torchrun --standalone --nproc_per_node "${NPROC:-2}" train.py --preset smollm2 --out "$out" "${resume[@]}"
     for pair in untrained=smollm2 warmstart="$out/warmstart" rl="$out"; do
       torchrun --standalone --nproc_per_node "${NPROC:-2}" evaluate.py --env babyai --env-options '{"brief": true}' \
-        --model "${pair#*=}" --limit 40 --k 4 --turns 8 --max-tokens 40 --max-context 3072 --out "$out/eval-${pair%%=*}"
+        --model "${pair#*=}" --limit 40 --k 4 --turns 8 --max-tokens 40 --max-context 2048 --out "$out/eval-${pair%%=*}"
     done
     python report.py untrained="$out/eval-untrained" warm-start="$out/eval-warmstart" \
       "warm start + GRPO"="$out/eval-rl" | tee "$out/before_after.md" ;;

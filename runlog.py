@@ -69,7 +69,7 @@ def plot_rewards(metrics_file: Path, png: Path, schedule) -> None:
     held = [(0, rows[s]["eval_start/success"]) for s in steps if "eval_start/success" in rows[s]]
     held += [(s + 1, rows[s]["eval/success"]) for s in steps if "eval/success" in rows[s]]  # after step s's update
     if held:
-        ax.plot(*zip(*held), "o-", color="tab:red", label="held-out success (greedy, test tasks)")
+        ax.plot(*zip(*held), "o-", color="tab:red", label="held-out success (test tasks)")
     ax.set_xlabel("training step")
     ax.set_ylim(min(-0.05, min(rows[s]["reward"] for s in steps)), 1.05)
     ax.legend(loc="lower right")

@@ -41,7 +41,7 @@ import algorithms as A
 import checkpoint
 import config as configs
 import envs
-from batch import collate, forward, micro_batches, pad, score
+from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
 from engine import make_engine
 from rollout import ChatFormat, rollout
 from tiny import resolve_model
@@ -68,6 +68,7 @@ def setup_distributed(device: str) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+GAP_ALARM = 0.5  # mean |trainer - sampler| logprob per token above which a weight sync is suspect
 COLLECTIVE_TIMEOUT_MIN = 60  # a rank-0 checkpoint gather of a 7B model can outlast the 10-minute default
 
 
@@ -89,7 +90,10 @@ def shard(model, mesh, dtype: str, checkpointing: bool, trainable: bool = True):
     kw = {"mesh": mesh, **({"mp_policy": mp} if mp else {})}
     for block in model.model.layers:
         fully_shard(block, **kw)
-    fully_shard(model, **kw)
+    # FSDP2 leaves the root's parameters (embeddings, head) gathered after forward, for the backward
+    # that follows; a frozen model never runs one, so it would keep them whole between steps (2.2 GB
+    # per GPU for Qwen2.5-7B instead of 0.3): reshard them after its forward.
+    fully_shard(model, **kw, **({} if trainable else {"reshard_after_forward": True}))
     model.requires_grad_(trainable)
     # from_pretrained returns eval mode, in which transformers skips activation checkpointing: the
     # trained models run in train mode (their dropout rates are 0), the frozen reference in eval mode.
@@ -116,6 +120,9 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
     `old` None means the update is exactly on-policy (one epoch, one mini-batch): the "old" logprobs
     are then this forward's own, detached, and no separate scoring pass is needed (as verl does).
     Returns sums of this rank's loss terms (its share of each global mean) and the update count."""
+    if old is None and (cfg.ppo_epochs > 1 or cfg.mini_batches > 1):
+        raise ValueError("old=None (on-policy) needs ppo_epochs == 1 and mini_batches == 1: later updates "
+                         "need the logprobs from before the first one (score the batch first)")
     reduce_sum, reduce_max = reduce_sum or all_sum, reduce_max or all_max
     world = dist.get_world_size() if reduce_sum is all_sum else 1
     policy, mask, lengths = models["policy"], batch["mask"], batch["attn"].sum(1)
@@ -140,7 +147,7 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
             for mb in pad(micro, reduce_max(len(micro))):
                 rows = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
                 lp, ent = forward(policy, batch, rows, cfg.temperature, entropy=True,
-                                  entropy_grad=cfg.entropy_coef > 0)
+                                  entropy_grad=cfg.entropy_coef > 0, width=None if mb else DUMMY_WIDTH)
                 w = lp.shape[1]
                 m = mask[rows, :w].to(lp.device) * bool(mb)
                 old_mb = lp.detach() if old is None else old[rows, :w].to(lp.device)
@@ -166,7 +173,7 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
                 stats["clip_frac"] += float(pm["clip_frac"]) * float(m.sum()) / max(tokens, 1)
                 del lp, ent, loss, kl, ent_term  # free this micro-batch's graph before the next forward
                 if "critic" in models:
-                    v, _ = forward(models["critic"], batch, rows, 1.0, value=True)
+                    v, _ = forward(models["critic"], batch, rows, 1.0, value=True, width=w)
                     vl, _ = A.value_loss(v, values[rows, :w].to(v.device), returns[rows, :w].to(v.device), m,
                                          normalizer=tokens)
                     (vl * world).backward()
@@ -332,7 +339,7 @@ def main(argv=None):
     if evaluate_now and start == 0:  # held-out success of the model RL starts from (the warm start, if any)
         first = {k.replace("eval/", "eval_start/"): v for k, v in quick_eval(
             cfg, engine, chat, env_pool, make_env, test_ids, max(d.schedule.budgets), threads).items()}
-        print0(f"held-out success before RL: {first['eval_start/success']:.3f} ({len(test_ids)} test tasks, greedy)")
+        print0(f"held-out success before RL: {first['eval_start/success']:.3f} ({len(test_ids)} test tasks)")
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
         timing = {}
@@ -387,6 +394,11 @@ def main(argv=None):
         metrics["skipped"] = all_sum(stats["skipped_rows"])[0] / (len(plan) * cfg.ppo_epochs)
         gap, gap_n = all_sum(stats["sampler_gap"], stats["gap_tokens"])
         metrics["sampler_gap"] = gap / max(gap_n, 1)  # mean |trainer - sampler| logprob per trained token
+        if gap_n and metrics["sampler_gap"] > GAP_ALARM and cfg.temperature == 1.0:
+            # the cheap probe of every weight sync: an engine that silently kept stale or partly loaded
+            # weights samples from another model than the one trained (bf16 noise is about 0.05-0.1)
+            print0(f"\nwarning: step {step}: trainer and sampler logprobs differ by {metrics['sampler_gap']:.2f} "
+                   "per token; the engine's weights may not match the policy (check the weight sync)")
         metrics["lr"] = schedulers["policy"].get_last_lr()[0]
         timing["time/step"] = time.perf_counter() - t0
         metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
@@ -448,15 +460,17 @@ def behaviour_clone(cfg, d, policy, ref, env_pool, pool, chat, tokenizer, train_
 
 
 def quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, turns: int, pool) -> dict:
-    """Greedy episodes on this rank's share of `test_ids` at `turns`, played in batches of the env pool;
-    mean reward and success over all ranks. evaluate.py is the full evaluation (Pass@k, subtasks)."""
+    """One episode per task of this rank's share of `test_ids` at `turns`, sampled at the training
+    temperature with a fixed seed (as evaluate.py samples; greedy decoding of a freshly warm-started
+    model repeats its most common action), played in batches of the env pool; mean reward and success
+    over all ranks. evaluate.py is the full evaluation (k samples, Pass@k, subtasks)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = test_ids[rank::world]
     reward = success = 0.0
     for i in range(0, len(mine), len(env_pool)):
         part = [(t, j) for j, t in enumerate(mine[i:i + len(env_pool)])]
         eps, _ = rollout(engine, chat, env_pool, make_env, part, turns, cfg.max_tokens, cfg.max_context,
-                         temperature=0.0, pool=pool)
+                         temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed * 104729 + i + rank, pool=pool)
         reward += sum(e.reward for e in eps)
         success += sum(e.success for e in eps)
     reward, success, n = all_sum(reward, success, len(mine))

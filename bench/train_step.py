@@ -1,35 +1,76 @@
-"""Benchmark one training step of train.py on synthetic episodes: time per phase, tokens/s, weight
-sync, and the cost of FSDP2 against a plain unsharded update of the same tokens.
+"""Benchmark one training step of train.py on synthetic episodes: time per phase, tokens/s, memory per
+rank, padding, and our FSDP2 update against a plain single-process transformers training step.
 
-    torchrun --nproc_per_node 2 bench/train_step.py                 # 2 ranks, FSDP2 over gloo
-    python bench/train_step.py --model small --hidden 256 --layers 4  # one process, a larger model
+    torchrun --standalone --nproc_per_node 2 bench/train_step.py                  # tiny model, fp32
+    torchrun --standalone --nproc_per_node 2 bench/train_step.py --model smollm2 --dtype bfloat16 \\
+        --kl-coef 0 --on-policy --checkpointing --micro-tokens 4096 --engine none  # the smollm2 preset's step
+    torchrun --standalone --nproc_per_node 2 bench/train_step.py --model bigvocab  # a 152k vocabulary
+    python bench/train_step.py --model small --hidden 256 --layers 4               # one process
 
-The step is train.py's, phases (2) to (5), built from train.py's own functions (
-`global_advantages`, `update`, `sync`, `shard`, `full_tensors`) and batch.py's (`collate`, `micro_batches`, `pad`, `score`);
-the rollout (1) is replaced by synthetic episodes, since bench/rollout.py measures it. The plain
-comparison runs the same `train.update` with one-process reductions on an unsharded copy.
+Models (`--model`): `tiny` (tiny.py's, vocabulary 1,472); `small`, a Qwen2-shaped model of `--hidden`
+and `--layers` on the tiny tokenizer; `bigvocab`, a Qwen2-shaped model with Qwen2.5's vocabulary of
+152,064 (`--vocab`) and an untied LM head, as Qwen2.5-7B has, on the tiny model's body (hidden 64,
+2 layers, unless `--hidden`/`--layers`): the cost and memory of the LM head and its logits almost
+alone; `smollm2`, SmolLM2-135M-Instruct (vocabulary 49,152, 30 layers, hidden 576) with its own
+tokenizer. `small` and `bigvocab` are saved by rank 0 into a temporary directory (engines load from one).
 
-Synthetic episodes: random token ids with the layout of a TextCraft episode on the tiny tokenizer:
-a prompt of about `--prompt` tokens (mask 0), then 1 to `--turns` assistant replies of up to
-`--reply` tokens (mask 1; half run to the cap, the others stop earlier), each but the last followed
-by an observation of about `--obs` tokens (mask 0). Rewards are 0/1 in groups of `--samples`.
+The step is train.py's, phases (2) to (6), built from train.py's own functions (`shard`, `update`,
+`global_advantages`, `sync`, `full_tensors`, `_rollout_metrics`, `all_sum`) and batch.py's (`collate`,
+`micro_batches`, `pad`, `score`); the rollout (1) is replaced by synthetic episodes, since
+bench/rollout.py measures it. `--dtype` is the compute dtype handed to `train.shard` (bfloat16: FSDP2's
+MixedPrecisionPolicy, bf16 parameters and fp32 gradient reduction over fp32 masters) and the engine's
+dtype; `--checkpointing` turns on activation checkpointing in the policy; `--on-policy` passes
+`old=None` to `train.update` and skips the old-logprob pass, as train.py does when `ppo_epochs == 1`
+and `mini_batches == 1`; `--kl-coef 0` drops the reference model and its pass.
 
-Printed on rank 0 (each phase: mean over `--repeats` steps after a warm-up, max over ranks):
+Synthetic episodes: random token ids (of the tokenizer, special ones excepted) with the layout of a
+multi-turn episode: a prompt of about `--prompt` tokens (mask 0), then assistant replies of up to
+`--reply` tokens (mask 1; half run to the cap, the others stop earlier), each but the last followed by
+an observation of about `--obs` tokens (mask 0). A share `--done-share` of the episodes ends at a turn
+drawn uniformly from 1 to `--turns` (the env said done); the others run all `--turns` turns (the
+horizon). Rewards are 0/1 in groups of `--samples`. Defaults follow the model: for `smollm2` the
+BabyAI layout of the smollm2 preset (prompt 560, 8 turns of 40-token replies, observations 150, 30%
+ending early: about 1,700 tokens per episode; BabyAI's first prompt is 380-690 tokens with SmolLM2's
+tokenizer, an observation turn 60-370); for the others TextCraft's on the tiny tokenizer (prompt 700,
+1 to 6 turns of 48 tokens, observations 30).
+
+Printed on rank 0 (each phase: mean over `--repeats` steps after a warm-up, max over ranks; a barrier
+closes every phase, so that no phase holds another rank's lag behind its first collective):
 - seconds per phase: collate and micro-batching, old/ref logprobs, advantages, update, weight sync
-  (full_tensors streamed into engine.sync_weights), and the share of each in the step;
+  (full_tensors streamed into engine.sync_weights), the reductions of train.py's logging step (6),
+  and the share of each in the step; the non-generation overhead share of the step, (collate +
+  advantages + sync + log reductions) / step; the rank imbalance (the most a rank waited at the
+  barriers, already inside the phases' maxima);
 - trained tokens/s of the update and of the whole step, counting masked (policy) tokens and all tokens;
-- the weight sync, and the all-gathers alone (full_tensors drained without an engine);
-- FSDP2 against plain: the update of each rank's share with FSDP2 at world N, next to a plain
-  unsharded model doing forward + backward + AdamW step of rank 0's share in one process (the other
-  ranks wait), the two interleaved step by step so that load changes hit both; and their ratio.
-  Under torchrun each process runs one torch thread (torchrun sets OMP_NUM_THREADS=1), so the plain
-  run uses as many threads as one rank.
+- the all-gathers alone (full_tensors drained without an engine);
+- padding: token slots the micro-batches actually run (rows x padded width, the empty micro-batches
+  of `batch.pad` included as their one dummy row) against real tokens, over all ranks;
+- memory per rank in MB: resident after imports, the peak RSS after loading and sharding (the whole
+  fp32 model passes through memory while it is loaded and sharded), the peak during the timed steps
+  (VmHWM of /proc/self/status, reset through /proc/self/clear_refs before each step and read after
+  its phase (6)), and the process's peak `ru_maxrss` (getrusage; the resets lower it too, so the
+  peaks before each reset are kept); rank 0 also holds the plain baseline, whose resident size is
+  printed (use `--no-plain` for clean figures on every rank);
+- our update against a plain transformers step: forward with `labels` (full logits, HF's loss), backward
+  and an AdamW step over rank 0's share in one process, micro-batches split as ours; for bfloat16 it
+  keeps fp32 parameters and AdamW and runs the forward under torch.autocast(cpu, bfloat16), the same
+  precision split as FSDP2's policy (bf16 compute, fp32 masters). It runs on rank 0 after each step's
+  phases while the other ranks wait, so load changes hit both; under torchrun each process runs one
+  torch thread (torchrun sets OMP_NUM_THREADS=1), so the plain step uses as many threads as one rank.
+  Printed: seconds, tokens/s per process, the ratio of our update's tokens/s per process to it, by wall
+  time and by CPU time (process_time: the plain step runs while the other ranks idle, so on a shared
+  machine it meets less contention; CPU time, the slowest rank's for ours, is the fairer figure there),
+  and the plain step's peak memory above what rank 0 held before it (its full logits included).
+`--json PATH` also writes these figures (bench/memory_plan.py --compare reads the memory ones).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import random
+import resource
 import shutil
 import sys
 import tempfile
@@ -49,27 +90,41 @@ from rollout import Episode  # noqa: E402
 import tiny as tiny_recipe  # noqa: E402
 from tiny import resolve_model  # noqa: E402
 
-PHASES = ("collate", "logprobs", "advantages", "update", "sync", "gather_only", "plain_update")
+PHASES = ("collate", "logprobs", "advantages", "update", "sync", "log", "wait", "gather_only", "plain_update",
+          "update_cpu", "plain_cpu")  # *_cpu: CPU seconds of the process (all its threads), not wall time
+STEP = ("collate", "logprobs", "advantages", "update", "sync", "log")  # the phases of a step
+OVERHEAD = ("collate", "advantages", "sync", "log")                   # neither generation nor model compute
+# synthetic episode layout per model: (prompt, turns, reply, obs, done_share)
+LAYOUT = {"smollm2": (560, 8, 40, 150, 0.3),  # BabyAI with SmolLM2 (the smollm2 preset: 8 turns, 40 tokens)
+          "default": (700, 6, 48, 30, 1.0)}   # TextCraft on the tiny tokenizer (the old defaults)
+QWEN25_VOCAB = 152064
 
 
 def model_dir(args, rank: int) -> tuple[str, str | None]:
-    """The tiny model, or a Qwen2-shaped model of `--hidden`/`--layers` on the tiny tokenizer, saved by
-    rank 0 into a temporary directory (engines load from a directory). Returns (path, dir to delete)."""
-    if rank == 0:
-        resolve_model("tiny")  # rank 0 builds the tiny model first, so ranks do not race to build it
+    """The tiny model, SmolLM2, or a Qwen2-shaped model (`small`, `bigvocab`) on the tiny tokenizer,
+    saved by rank 0 into a temporary directory (engines load from a directory). Returns (path, dir to
+    delete)."""
+    if rank == 0:  # rank 0 builds (converts) first, so ranks do not race to build it
+        resolve_model("smollm2" if args.model == "smollm2" else "tiny")
     dist.barrier()
+    if args.model in ("tiny", "smollm2"):
+        return resolve_model(args.model), None
     tiny = resolve_model("tiny")
-    if args.model == "tiny":
-        return tiny, None
     path = [None]
     if rank == 0:
         from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
         base = Qwen2Config.from_pretrained(tiny)
-        shape = dict(tiny_recipe.MODEL, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
-                     num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
-                     num_key_value_heads=max(1, args.hidden // 128))  # head_dim 64, grouped KV as in Qwen2
-        config = Qwen2Config(vocab_size=base.vocab_size, pad_token_id=base.pad_token_id, bos_token_id=None,
+        if args.model == "small":
+            hidden, layers, vocab, tie = args.hidden or 256, args.layers or 4, base.vocab_size, True
+        else:  # bigvocab: the tiny body, Qwen2.5's vocabulary, an untied head (as Qwen2.5-7B)
+            hidden, layers, vocab, tie = args.hidden or base.hidden_size, args.layers or base.num_hidden_layers, \
+                args.vocab, False
+        heads = max(1, hidden // 64) if args.model == "small" or args.hidden else base.num_attention_heads
+        shape = dict(tiny_recipe.MODEL, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+                     num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),  # grouped KV as in Qwen2
+                     tie_word_embeddings=tie)
+        config = Qwen2Config(vocab_size=vocab, pad_token_id=base.pad_token_id, bos_token_id=None,
                              eos_token_id=base.eos_token_id, **shape)
         torch.manual_seed(0)
         path[0] = tempfile.mkdtemp(prefix="bench-train-step-")
@@ -79,90 +134,221 @@ def model_dir(args, rank: int) -> tuple[str, str | None]:
     return path[0], path[0] if rank == 0 else None
 
 
-def synthetic(args, vocab: int) -> list[Episode]:
-    """The whole step's episodes (identical on every rank); each rank takes its contiguous share."""
+def synthetic(args, allowed: list[int]) -> list[Episode]:
+    """The whole step's episodes (identical on every rank); each rank takes its contiguous share.
+    Token ids are drawn from `allowed`."""
     rng = random.Random(args.seed)
-    token = lambda: rng.randrange(vocab)  # noqa: E731
+    token = lambda: allowed[rng.randrange(len(allowed))]  # noqa: E731
     out = []
     for i in range(args.episodes):
         p = args.prompt + rng.randint(-args.prompt // 10, args.prompt // 10)
         ep = Episode(i // args.samples, i // args.samples, [token() for _ in range(p)], p)
-        turns = rng.randint(1, args.turns)
+        done = args.done_share >= 1 or rng.random() < args.done_share
+        turns = rng.randint(1, args.turns) if done else args.turns
         for turn in range(turns):
             n = args.reply if rng.random() < 0.5 else rng.randint(max(1, args.reply // 4), args.reply)
             ep.append([token() for _ in range(n)], True, [-rng.random() * 5 for _ in range(n)])
             if turn + 1 < turns:
                 ep.append([token() for _ in range(rng.randint(args.obs // 2, args.obs * 3 // 2))], False)
         ep.turns, ep.reward = turns, float(rng.random() < 0.3)
+        ep.success, ep.end = ep.reward > 0, "done" if done else "horizon"
         out.append(ep)
     return out
 
 
-def update(model, opt, batch, old, ref_lp, adv, cfg, kl_in_reward, reduce_sum=None, reduce_max=None) -> dict:
-    """train.update on one model; plain Python reductions run it unsharded on one process."""
+# ------------------------------------------------------------------ memory figures (Linux /proc)
+
+def rss_mb(field: str = "VmRSS") -> float:
+    """VmRSS (resident now) or VmHWM (peak since start or the last `reset_peak`) in MB; NaN off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+_EARLIER_PEAK = [0.0]  # the highest peak before the last reset_peak
+
+
+def reset_peak() -> bool:
+    """Reset the peak RSS (VmHWM, and with it ru_maxrss) to the current RSS (Linux >= 4.0, writing 5 to
+    clear_refs); the peak so far is kept, so `maxrss_mb` stays the whole process's peak."""
+    _EARLIER_PEAK[0] = max(_EARLIER_PEAK[0], maxrss_mb())
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def maxrss_mb() -> float:
+    """The process's peak RSS in MB: getrusage's ru_maxrss (KB on Linux), across `reset_peak` calls."""
+    return max(_EARLIER_PEAK[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def tensors_mb(model, opt) -> float:
+    """Resident size of a model's parameters, gradients and optimizer state."""
+    ts = list(model.parameters()) + [p.grad for p in model.parameters() if p.grad is not None]
+    ts += [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    return sum(t.numel() * t.element_size() for t in {id(t): t for t in ts}.values()) / 2**20
+
+
+# ------------------------------------------------------------------ the step
+
+def update(model, opt, batch, old, ref_lp, adv, cfg, kl_in_reward) -> dict:
+    """train.update on the policy alone (no critic, no scheduler), reductions over all ranks."""
     return train.update(cfg, {"policy": model}, {"policy": opt}, None, batch, old, ref_lp, None, adv, adv,
-                        kl_in_reward, cfg.seed, reduce_sum, reduce_max)
+                        kl_in_reward, cfg.seed)
 
 
-def step(policy, ref, opt, plain, engine, cfg, d, episodes, pad_id, world) -> dict:
-    """One training step as train.main runs it after the rollout; seconds per phase on this rank."""
-    times, clock = {}, time.perf_counter
+def plain_update(model, opt, batch, cfg, dtype: str) -> None:
+    """A plain transformers training step over every row of `batch`, as a user without this project
+    would write it: HF's causal-LM loss on the policy tokens (labels -100 elsewhere; full logits,
+    upcast to fp32 by HF), summed and divided by the share's policy-token count, one backward per
+    micro-batch of the same token budget, gradient clipping, one AdamW step. bfloat16: fp32 parameters
+    and optimizer, forward under torch.autocast(cpu, bfloat16)."""
+    lengths, mask = batch["attn"].sum(1), batch["mask"]
+    items = max(1, int(mask.sum()))
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext()
+    for mb in batch_.micro_batches(list(range(len(lengths))), lengths, cfg.micro_tokens):
+        w = int(lengths[mb].max())
+        ids, attn = batch["ids"][mb, :w], batch["attn"][mb, :w]
+        labels = ids.masked_fill(mask[mb, :w] == 0, -100)
+        with amp:
+            loss = model(input_ids=ids, attention_mask=attn, labels=labels, num_items_in_batch=items,
+                         use_cache=False).loss
+        loss.backward()
+        del loss
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world, mem) -> dict:
+    """One training step as train.main runs it after the rollout; seconds per phase on this rank.
+    `mem` collects this rank's peak RSS of the step (and of the plain baseline on rank 0)."""
+    times, clock = {"wait": 0.0}, time.perf_counter
+
+    def lap(name: str, start: float) -> float:
+        """Close phase `name`, then wait at a barrier for the slowest rank (counted apart, as "wait"),
+        so that no phase's time holds another rank's lag behind its first collective."""
+        times[name] = clock() - start
+        w = clock()
+        dist.barrier()
+        times["wait"] += clock() - w
+        return clock()
+
     kl_in_reward = cfg.algo.startswith("reinforce++") and ref is not None
+    mem["resettable"] = reset_peak()
     t = clock()  # batch building and micro-batching, which train.main does before it starts timing (2)
     batch = batch_.collate(episodes, pad_id)
     mask, lengths = batch["mask"], batch["attn"].sum(1)
     rows = list(range(len(episodes)))
     n_micro = train.all_max(len(batch_.micro_batches(rows, lengths, cfg.micro_tokens)))
     micro = batch_.pad(batch_.micro_batches(rows, lengths, cfg.micro_tokens), n_micro)
-    times["collate"], t = clock() - t, clock()
-    old = batch_.score(policy, batch, micro, cfg.temperature)
+    t = lap("collate", t)
+    old = None if args.on_policy else batch_.score(policy, batch, micro, cfg.temperature)
     ref_lp = batch_.score(ref, batch, micro, cfg.temperature) if ref is not None else None
-    times["logprobs"], t = clock() - t, clock()
+    t = lap("logprobs", t)
     token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * mask if kl_in_reward else None
     adv, _ = train.global_advantages(cfg, d, batch, None, token_kl)
-    times["advantages"], t = clock() - t, clock()
-    update(policy, opt, batch, old, ref_lp, adv, cfg, kl_in_reward)
-    times["update"], t = clock() - t, clock()
+    t = lap("advantages", t)
+    cpu = time.process_time()
+    stats = update(policy, opt, batch, old, ref_lp, adv, cfg, kl_in_reward)
+    times["update_cpu"] = time.process_time() - cpu
+    t = lap("update", t)
     if engine is not None:
         engine.wake()
-        train.sync(engine, policy, torch.float32)
-    times["sync"], t = clock() - t, clock()
-    for _ in train.full_tensors(policy, torch.float32):
+        train.sync(engine, policy, getattr(torch, args.dtype))
+    t = lap("sync", t)
+    # (6) the reductions of train.main's logging: rollout metrics, loss terms, one all_sum per timing
+    train._rollout_metrics(episodes, args.turns)
+    keys = ("loss", "kl", "entropy", "clip_frac", "value_loss")
+    train.all_sum(*(stats[k] for k in keys))
+    for v in list(times.values()) + [0.0, 0.0, 0.0, 0.0]:  # + time/generate, env, other, step
+        train.all_sum(v)
+    t = lap("log", t)
+    mem["step"] = max(mem.get("step", 0.0), rss_mb("VmHWM"))
+    t = clock()
+    for _ in train.full_tensors(policy, getattr(torch, args.dtype)):
         pass
     times["gather_only"] = clock() - t
-    # the same tokens through an unsharded copy on rank 0 alone; the other ranks wait at the barrier
-    t = clock()
+    # the same tokens through a plain transformers step on rank 0 alone; the other ranks wait at the barrier
+    t, times["plain_cpu"] = clock(), 0.0
     if plain is not None:
-        update(plain[0], plain[1], batch, old, ref_lp, adv, cfg, kl_in_reward,
-               lambda *xs: [float(x) for x in xs], lambda n: n)
+        if not plain:  # loaded at first use, so the first step's peak above is free of it
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained(args.path, dtype=torch.float32)
+            if args.checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.train()
+            plain += [model, torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)]
+            t = clock()
+        reset_peak()
+        before, cpu = rss_mb(), time.process_time()
+        plain_update(plain[0], plain[1], batch, cfg, args.dtype)
+        times["plain_cpu"] = time.process_time() - cpu
+        mem["plain"] = max(mem.get("plain", 0.0), rss_mb("VmHWM") - before)
+        mem["plain_resident"] = tensors_mb(plain[0], plain[1])
     times["plain_update"] = clock() - t
     dist.barrier()
     return times
 
 
+def padding(batch_lengths: torch.Tensor, micro: list[list[int]]) -> tuple[int, int]:
+    """(token slots run, real tokens) of micro-batches: rows x padded width; an empty one runs one dummy row."""
+    slots = real = 0
+    for mb in micro:
+        rows = mb or [0]
+        slots += len(rows) * int(batch_lengths[rows].max())
+        real += int(batch_lengths[mb].sum()) if mb else 0
+    return slots, real
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=("tiny", "small"), default="tiny",
-                        help="tiny: tiny.py's model; small: a Qwen2-shaped model of --hidden and --layers")
-    parser.add_argument("--hidden", type=int, default=256, help="hidden size of --model small (head_dim 64)")
-    parser.add_argument("--layers", type=int, default=4, help="decoder layers of --model small")
+    parser.add_argument("--model", choices=("tiny", "small", "bigvocab", "smollm2"), default="tiny",
+                        help="tiny: tiny.py's model; small: a Qwen2-shaped model of --hidden and --layers; "
+                             "bigvocab: the tiny body with a --vocab vocabulary and untied head; smollm2: "
+                             "SmolLM2-135M-Instruct and its tokenizer")
+    parser.add_argument("--hidden", type=int, help="hidden size of small (default 256) or bigvocab (default 64)")
+    parser.add_argument("--layers", type=int, help="decoder layers of small (default 4) or bigvocab (default 2)")
+    parser.add_argument("--vocab", type=int, default=QWEN25_VOCAB, help="vocabulary of --model bigvocab")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="compute dtype (train.shard's, the engine's, the plain step's autocast)")
+    parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing in the policy")
+    parser.add_argument("--on-policy", action="store_true",
+                        help="old=None to train.update: no old-logprob pass (train.py's ppo_epochs 1, mini_batches 1)")
     parser.add_argument("--episodes", type=int, default=16, help="episodes per step over all ranks")
     parser.add_argument("--samples", type=int, default=4, help="episodes per task (GRPO group size)")
-    parser.add_argument("--prompt", type=int, default=700, help="prompt tokens (TextCraft's first turn: ~700)")
-    parser.add_argument("--turns", type=int, default=6, help="most assistant turns of an episode")
-    parser.add_argument("--reply", type=int, default=48, help="token cap of one reply")
-    parser.add_argument("--obs", type=int, default=30, help="mean tokens of one observation turn")
+    parser.add_argument("--prompt", type=int, help="prompt tokens (default: smollm2 560, BabyAI; else 700, TextCraft)")
+    parser.add_argument("--turns", type=int, help="most assistant turns of an episode (default: smollm2 8, else 6)")
+    parser.add_argument("--reply", type=int, help="token cap of one reply (default: smollm2 40, else 48)")
+    parser.add_argument("--obs", type=int, help="mean tokens of one observation turn (default: smollm2 150, else 30)")
+    parser.add_argument("--done-share", type=float,
+                        help="share of episodes ending at a uniform turn in 1..--turns; the others run all "
+                             "--turns (default: smollm2 0.3, else 1)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps after one warm-up step")
     parser.add_argument("--engine", choices=("hf", "vllm", "none"), default="hf", help="engine synced each step")
     parser.add_argument("--algo", default="grpo", choices=("grpo", "rloo", "reinforce++", "reinforce++_baseline"))
     parser.add_argument("--kl-coef", type=float, default=0.001, help="0 drops the reference model")
     parser.add_argument("--micro-tokens", type=int, default=16384, help="token budget of one micro-batch")
-    parser.add_argument("--no-plain", action="store_true", help="skip the unsharded comparison")
+    parser.add_argument("--no-plain", action="store_true", help="skip the plain transformers comparison")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic episodes")
+    parser.add_argument("--json", help="also write the printed figures to this JSON file")
     args = parser.parse_args()
+    layout = LAYOUT["smollm2" if args.model == "smollm2" else "default"]
+    for name, value in zip(("prompt", "turns", "reply", "obs", "done_share"), layout):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
     # train.py's defaults (the CPU preset) except for the flags above
     cfg = configs.Config(algo=args.algo, kl_coef=args.kl_coef, micro_tokens=args.micro_tokens, device="cpu",
+                         dtype=args.dtype, checkpointing=args.checkpointing,
                          tasks_per_step=max(1, args.episodes // args.samples), samples_per_task=args.samples)
     world_guess = int(os.environ.get("WORLD_SIZE", 1))
     if args.episodes % world_guess or args.episodes % args.samples:
@@ -170,45 +356,67 @@ def main() -> None:
                          f"groups of --samples {args.samples}")
     if args.engine == "vllm" and not vllm_available():
         raise SystemExit("error: --engine vllm but vLLM does not import; use --engine hf")
+    if args.on_policy and args.algo.startswith("reinforce++") and args.kl_coef > 0:
+        raise SystemExit("error: --on-policy with reinforce++ and a KL term: its in-reward KL needs the old "
+                         "logprobs before the update (train.py scores them then too); drop --on-policy")
     d = configs.derive(cfg)
     rank, world = train.setup_distributed("cpu")
     torch.manual_seed(rank)
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path, cleanup = model_dir(args, rank)
-    load = lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # noqa: E731
+    mem = {"imports": rss_mb()}
+    args.path, cleanup = model_dir(args, rank)
+    load = lambda: AutoModelForCausalLM.from_pretrained(args.path, dtype=torch.float32)  # noqa: E731
     mesh = init_device_mesh("cpu", (world,))
-    policy = train.shard(load(), mesh, d.dtype, False)
+    policy = train.shard(load(), mesh, args.dtype, args.checkpointing)
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    ref = train.shard(load(), mesh, d.dtype, False, trainable=False) if cfg.kl_coef > 0 else None
-    plain = None
-    if rank == 0 and not args.no_plain:
-        model = load()
-        plain = (model, torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay))
-    engine = make_engine(path, args.engine, "cpu", "float32", cfg.max_context, rank) if args.engine != "none" else None
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    ref = train.shard(load(), mesh, args.dtype, False, trainable=False) if cfg.kl_coef > 0 else None
+    tokenizer = AutoTokenizer.from_pretrained(args.path)
+    # random ids of the tokenizer but no special one, so no synthetic token is a role or end-of-turn marker
+    special = set(tokenizer.all_special_ids)
+    episodes = synthetic(args, [i for i in range(len(tokenizer)) if i not in special])
+    share = len(episodes) // world
+    args.max_context = max(cfg.max_context, max(len(e.ids) for e in episodes) + 1)
+    engine = (make_engine(args.path, args.engine, "cpu", args.dtype, args.max_context, rank, max_seqs=share)
+              if args.engine != "none" else None)
+    mem["loaded"] = maxrss_mb()
+    plain = [] if rank == 0 and not args.no_plain else None
     params = sum(p.numel() for p in policy.parameters())  # DTensor.numel() is the global count
 
-    # random ids below the first special token, so no synthetic token is a role or end-of-turn marker
-    episodes = synthetic(args, min(tokenizer.all_special_ids))
-    share = len(episodes) // world
     mine = episodes[rank * share:(rank + 1) * share]
     pad_id = tokenizer.pad_token_id or 0
     sums = {k: 0.0 for k in PHASES}
     for r in range(args.repeats + 1):  # step 0 is the warm-up: FSDP2 lazy init, allocator, first calls
-        times = step(policy, ref, opt, plain, engine, cfg, d, mine, pad_id, world)
+        if r == 1:
+            mem["step"] = 0.0  # the timed steps' peak: Adam moments exist from the first optimizer step on
+        times = step(policy, ref, opt, plain, engine, cfg, d, args, mine, pad_id, world, mem)
         slowest = torch.tensor([times[k] for k in PHASES], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         if r:
             for k, v in zip(PHASES, slowest.tolist()):
                 sums[k] += v / args.repeats
+    mem["max"] = maxrss_mb()
 
-    masked, total = train.all_sum(sum(sum(e.mask) for e in mine), sum(len(e.ids) for e in mine))
+    lengths = torch.tensor([len(e.ids) for e in mine])
+    micro = batch_.micro_batches(list(range(len(mine))), lengths, cfg.micro_tokens)
+    n_micro = train.all_max(len(micro))
+    slots, real = padding(lengths, batch_.pad(micro, n_micro))
+    max_slots = train.all_max(max(len(mb) * int(lengths[mb].max()) for mb in micro))
+    masked, total, slots, real, empty = train.all_sum(sum(sum(e.mask) for e in mine), sum(len(e.ids) for e in mine),
+                                                      slots, real, n_micro - len(micro))
+    mems = [None] * world
+    dist.all_gather_object(mems, mem)
     mine0 = episodes[:share]
     if rank == 0:
-        report(args, sums, world, params, policy.config, masked, total, sum(sum(e.mask) for e in mine0),
-               sum(len(e.ids) for e in mine0))
+        figures = dict(args=vars(args), world=world, params=params, phases=sums, memory=mems,
+                       masked=masked, total=total, slots=slots, real=real, max_slots=max_slots,
+                       micro_per_rank=n_micro, empty_micro=empty,
+                       masked0=sum(sum(e.mask) for e in mine0), total0=sum(len(e.ids) for e in mine0),
+                       config=policy.config.to_dict())
+        report(args, figures, policy.config)
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=1, default=str))
     dist.barrier()
     if engine is not None and hasattr(engine, "close"):
         engine.close()
@@ -218,34 +426,78 @@ def main() -> None:
         dist.destroy_process_group()
 
 
-def report(args, s, world, params, config, masked, total, masked0, total0) -> None:
-    step_s = sum(s[k] for k in ("collate", "logprobs", "advantages", "update", "sync"))
-    print(f"# model {args.model}: {params / 1e6:.2f}M parameters, hidden {config.hidden_size}, "
-          f"{config.num_hidden_layers} layers; world {world} (FSDP2, gloo, CPU), torch threads "
-          f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
-    print(f"# {args.episodes} synthetic episodes per step ({args.episodes // world} per rank): {total:.0f} tokens, "
-          f"{masked:.0f} of them policy tokens (mask 1); engine {args.engine}; {args.algo}, kl_coef {args.kl_coef}; "
-          f"mean of {args.repeats} steps after a warm-up, each phase the slowest rank's")
+def report(args, f, config) -> None:
+    s, world, masked, total = f["phases"], f["world"], f["masked"], f["total"]
+    step_s = sum(s[k] for k in STEP)
+    precision = ("bfloat16 (FSDP2 MixedPrecisionPolicy: bf16 parameters, fp32 reduce, fp32 masters and AdamW)"
+                 if args.dtype == "bfloat16" else "float32")
+    tied = ", tied head" if config.tie_word_embeddings else ""
+    print(f"# model {args.model}: {f['params'] / 1e6:.2f}M parameters, vocabulary {config.vocab_size}, hidden "
+          f"{config.hidden_size}, {config.num_hidden_layers} layers{tied}; "
+          f"world {world} (FSDP2, gloo, CPU), torch threads {torch.get_num_threads()}, load average "
+          f"{os.getloadavg()[0]:.1f}")
+    old = "on-policy (old=None: no old-logprob pass)" if args.on_policy else "old logprobs scored before the update"
+    print(f"# dtype {precision}; activation checkpointing {'on' if args.checkpointing else 'off'}; {old}; "
+          f"{args.algo}, kl_coef {args.kl_coef}{' (no reference model)' if not args.kl_coef else ''}; "
+          f"engine {args.engine}; micro-batch budget {args.micro_tokens} tokens")
+    print(f"# {args.episodes} synthetic episodes per step ({args.episodes // world} per rank; prompt ~{args.prompt}, "
+          f"up to {args.turns} turns of <= {args.reply} tokens, observations ~{args.obs}, "
+          f"{args.done_share:.0%} ending early): {total:.0f} tokens ({total / args.episodes:.0f} per episode), "
+          f"{masked:.0f} policy tokens (mask 1); mean of {args.repeats} steps after a warm-up, each phase the "
+          f"slowest rank's")
     rows = [("phase", "s/step", "% of step")]
     names = {"collate": "collate + micro-batching", "logprobs": "old + ref logprobs (2)",
              "advantages": "advantages (3)", "update": "update: fwd+bwd+step (4)",
-             "sync": "weight sync full_tensors -> engine (5)"}
+             "sync": "weight sync full_tensors -> engine (5)", "log": "logging reductions (6)"}
     for k, name in names.items():
         rows.append((name, f"{s[k]:.3f}", f"{100 * s[k] / step_s:.1f}%"))
     rows.append(("step total (no rollout)", f"{step_s:.3f}", "100%"))
+    overhead = sum(s[k] for k in OVERHEAD)
+    rows.append(("  overhead: collate + advantages + sync + log", f"{overhead:.3f}", f"{100 * overhead / step_s:.1f}%"))
+    rows.append(("  rank imbalance: a rank's waits at the phase ends", f"{s['wait']:.3f}",
+                 f"{100 * s['wait'] / step_s:.1f}%"))
     rows.append(("  all-gathers alone (full_tensors drained)", f"{s['gather_only']:.3f}", ""))
     rows += [("trained tokens/s, update: policy (mask 1)", f"{masked / s['update']:.0f}", ""),
              ("trained tokens/s, update: all tokens", f"{total / s['update']:.0f}", ""),
              ("trained tokens/s, whole step: policy (mask 1)", f"{masked / step_s:.0f}", ""),
              ("trained tokens/s, whole step: all tokens", f"{total / step_s:.0f}", "")]
     print(table(rows))
+
+    slots, real = f["slots"], f["real"]
+    print(f"\n# padding: {f['micro_per_rank']} micro-batches per rank ({f['empty_micro']:.0f} empty ones in all, "
+          f"one dummy row each), {slots:.0f} token slots (rows x padded width) for {real:.0f} real tokens: "
+          f"{100 * (slots - real) / slots:.1f}% of the slots are padding")
+
+    mems = f["memory"]
+    print("\n# memory per rank, MB (RSS; 'timed steps' is VmHWM over the timed steps' phases (2)-(6))")
+    rows = [("rank", "after imports", "after load+shard (peak)", "timed steps (peak)", "process peak (ru_maxrss)")]
+    for r, m in enumerate(mems):
+        rows.append((str(r), f"{m['imports']:.0f}", f"{m['loaded']:.0f}",
+                     f"{m['step']:.0f}" if m.get("resettable") else "n/a", f"{m['max']:.0f}"))
+    print(table(rows))
+    if "plain_resident" in mems[0]:
+        print(f"rank 0 also holds the plain baseline from its first run on: {mems[0]['plain_resident']:.0f} MB of fp32 "
+              f"weights and AdamW moments (in rank 0's 'timed steps' column); its step peaks "
+              f"{mems[0]['plain']:.0f} MB above what rank 0 held before it (its full logits included)")
     if args.no_plain:
         return
-    print(f"\n# FSDP2 vs plain, same tokens per process ({total0} tokens, {masked0} policy tokens of rank 0's share)")
-    print(table([("update of the share", "s", "tokens/s"),
-                 ("plain unsharded, 1 process", f"{s['plain_update']:.3f}", f"{total0 / s['plain_update']:.0f}"),
-                 (f"FSDP2, world {world}", f"{s['update']:.3f}", f"{total0 / s['update']:.0f}")]))
-    print(f"FSDP2 / plain update time ratio: {s['update'] / s['plain_update']:.2f}")
+    total0, masked0 = f["total0"], f["masked0"]
+    ours = total / world / s["update"]
+    theirs = total0 / s["plain_update"]
+    how = ("fp32 weights and AdamW, forward under torch.autocast(cpu, bfloat16)" if args.dtype == "bfloat16"
+           else "fp32")
+    print(f"\n# our update vs a plain transformers step (model(ids, attention_mask, labels) forward, backward, "
+          f"AdamW; {how}{', activation checkpointing' if args.checkpointing else ''}) on rank 0's share in one "
+          f"process: {total0} tokens, {masked0} policy tokens, the same micro-batch split")
+    ours_cpu, theirs_cpu = total / world / s["update_cpu"], total0 / s["plain_cpu"]
+    print(table([("update", "s", "tokens/s per process", "CPU s", "tokens per CPU s"),
+                 ("plain transformers, 1 process", f"{s['plain_update']:.3f}", f"{theirs:.0f}",
+                  f"{s['plain_cpu']:.3f}", f"{theirs_cpu:.0f}"),
+                 (f"ours: train.update, FSDP2 world {world}", f"{s['update']:.3f}", f"{ours:.0f}",
+                  f"{s['update_cpu']:.3f}", f"{ours_cpu:.0f}")]))
+    print(f"our update's tokens/s per process / plain transformers': {ours / theirs:.2f} (wall time), "
+          f"{ours_cpu / theirs_cpu:.2f} (CPU time; the plain step runs while the other ranks idle, so it meets "
+          f"less contention for the cores)")
 
 
 def table(rows: list[tuple]) -> str:
