@@ -117,7 +117,9 @@ PAPER_TURNS = {  # env: (ScalingInter stages, stage length, tokens per turn, tas
 
 def paper(env: str | None = None) -> Config:
     """AgentGym-RL's ScalingInter-7B recipe: Qwen2.5-7B-Instruct, GRPO, lr 1e-6, KL loss 0.001 (k3),
-    clip 0.2, temperature 1, the per-environment turn stages and batch sizes."""
+    clip 0.2, temperature 1, the per-environment turn stages and batch sizes. micro_tokens 16,384:
+    bench/memory_plan.py puts one rank's training peak at 41 GB of an 80 GB GPU with it (activations
+    with checkpointing 12.8 GB), leaving room for context-length outliers; vLLM wakes after training."""
     env = env or "sciworld"
     stages, length, tokens, tasks, samples = PAPER_TURNS.get(env, PAPER_TURNS["sciworld"])
     return Config(env=env, model="Qwen/Qwen2.5-7B-Instruct", algo="grpo", steps=300, tasks_per_step=tasks,

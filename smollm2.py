@@ -15,7 +15,6 @@ the directory. Nothing is downloaded: the weights come from the installed packag
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -48,7 +47,7 @@ def load_gguf(dtype=None):
 def smollm2_dir() -> str:
     """Convert (once) and return the plain HF directory of SmolLM2-135M-Instruct. Safe when several
     ranks call it at once: each converts into a private temporary directory and the first rename wins."""
-    from tiny import cache_root
+    from tiny import cache_root, publish
 
     final = cache_root() / f"smollm2-135m-instruct-v{VERSION}"
     if (final / "config.json").exists():
@@ -67,11 +66,7 @@ def smollm2_dir() -> str:
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".build-"))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    try:
-        tmp.rename(final)
-    except OSError:  # another rank finished first; its conversion is identical
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(final)
+    return publish(tmp, final)
 
 
 if __name__ == "__main__":

@@ -129,9 +129,14 @@ def tiny_model_dir(seed: int = 0) -> str:
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(tmp)
+    return publish(tmp, final)
+
+
+def publish(tmp: Path, final: Path) -> str:
+    """Rename a finished build into place; if another rank got there first, its identical build wins."""
     try:
         tmp.rename(final)
-    except OSError:  # another rank finished first; its build is identical
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
     return str(final)
 

@@ -25,12 +25,17 @@ WORLD = 2
 
 
 def _run(rank, fn, init_file, backend, results):
+    store = dist.FileStore(init_file, WORLD)
     try:
-        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=WORLD)
         results[rank] = fn(rank)
     except Exception:  # noqa: BLE001 - sent back to the test, which fails with it
         results[rank] = "ERROR " + traceback.format_exc()
     finally:
+        # a store barrier, not a collective (the failing backend has none for CPU tensors): no rank
+        # tears its group down while the other still connects or reduces
+        store.set(f"done{rank}", "1")
+        store.wait([f"done{r}" for r in range(WORLD)])
         if dist.is_initialized():
             dist.destroy_process_group()
 
