@@ -122,11 +122,12 @@ def plot(summary: dict, out: Path, title: str) -> None:
 
 def compare(runs: list[tuple[str, dict]]) -> str:
     """Evaluations of several models on the same tasks side by side, one row per subtask, success % of
-    each and the gain of each over the first: the before/after table of a learning run. `runs` holds
+    each and the gain of each over the one before it (e.g. warm start over untrained, RL over warm
+    start): the before/after table of a learning run. `runs` holds
     (label, summary) pairs, summaries as `summarize` returns them (results.json holds one)."""
     budgets = sorted({b for _, s in runs for b in s["budgets"]}, key=int)
     head = ["turns", "subtask", "tasks", *[f"{label} success %" for label, _ in runs],
-            *[f"gain {label} - {runs[0][0]}" for label, _ in runs[1:]], *[f"{label} Avg reward" for label, _ in runs]]
+            *[f"gain: {label} - {prev}" for (prev, _), (label, _) in zip(runs, runs[1:])], *[f"{label} Avg reward" for label, _ in runs]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for budget in budgets:
         names = ["all", *sorted({n for _, s in runs for n in s["budgets"].get(budget, {}).get("subtasks", {})})]
@@ -137,7 +138,7 @@ def compare(runs: list[tuple[str, dict]]) -> str:
                 continue
             rates = [100 * r["success"] for r in rows]
             cells = [budget, name if name != "all" else "**all**", rows[0]["tasks"], *[f"{x:.1f}" for x in rates],
-                     *[f"{x - rates[0]:+.1f}" for x in rates[1:]], *[f"{r['avg_reward']:.3f}" for r in rows]]
+                     *[f"{b - a:+.1f}" for a, b in zip(rates, rates[1:])], *[f"{r['avg_reward']:.3f}" for r in rows]]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
