@@ -44,7 +44,7 @@ def spawn(fn, backend):
     with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
         results = manager.dict()
         mp.start_processes(_run, args=(fn, os.path.join(tmp, "init"), backend, results), nprocs=WORLD,
-                           start_method="fork")
+                           start_method="spawn")  # fork after torch started threads can deadlock
         out = [results[r] for r in range(WORLD)]
     for r in out:
         assert not (isinstance(r, str) and r.startswith("ERROR")), r
