@@ -90,10 +90,7 @@ def shard(model, mesh, dtype: str, checkpointing: bool, trainable: bool = True):
     kw = {"mesh": mesh, **({"mp_policy": mp} if mp else {})}
     for block in model.model.layers:
         fully_shard(block, **kw)
-    # FSDP2 leaves the root's parameters (embeddings, head) gathered after forward, for the backward
-    # that follows; a frozen model never runs one, so it would keep them whole between steps (2.2 GB
-    # per GPU for Qwen2.5-7B instead of 0.3): reshard them after its forward.
-    fully_shard(model, **kw, **({} if trainable else {"reshard_after_forward": True}))
+    fully_shard(model, **kw)
     model.requires_grad_(trainable)
     # from_pretrained returns eval mode, in which transformers skips activation checkpointing: the
     # trained models run in train mode (their dropout rates are 0), the frozen reference in eval mode.
@@ -365,7 +362,14 @@ def main(argv=None):
         # in-reward KL. The reference pass runs only with a KL term, the critic pass only for PPO.
         on_policy = cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and not kl_in_reward
         old = None if on_policy else score(policy, batch, micro, cfg.temperature)
-        ref_lp = score(ref, batch, micro, cfg.temperature) if ref is not None else None
+        ref_lp = None
+        if ref is not None:
+            ref_lp = score(ref, batch, micro, cfg.temperature)
+            # FSDP2 leaves a root's parameters (embeddings, head) gathered after forward, for the backward
+            # that follows; the frozen reference never runs one, so it would keep them whole until its
+            # next step (2.2 GB per GPU for Qwen2.5-7B instead of 0.3): reshard explicitly. (Resharding
+            # inside forward instead would hand batch.forward's sliced head a sharded weight.)
+            ref.reshard()
         values = score(models["critic"], batch, micro, 1.0, value=True) if "critic" in models else None
         timing["time/logprobs"] = time.perf_counter() - t
 

@@ -70,7 +70,7 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
     steps = -(-len(episodes) // batch_episodes)
     n_real = len(episodes)
     # a rank left without episodes still joins every collective, on a dummy row that trains nothing
-    batch = collate(episodes or [Episode(0, 0, [pad_id], 1)], pad_id)
+    batch = collate(episodes or [Episode(0, 0, [pad_id, pad_id], 1)], pad_id)  # 2 tokens: one scored position
     mask, lengths = batch["mask"], batch["attn"].sum(1)
     gen = torch.Generator().manual_seed(seed)
     n_steps = reduce_max(steps)  # every rank runs the same number of optimizer steps (collectives)

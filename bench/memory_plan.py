@@ -24,7 +24,7 @@ largest micro-batch (rows x padded width, at most `--micro-tokens`), c bytes of 
                                   embedding gradients before their fp32 reduce-scatter (a tied head's
                                   two contributions exist apart before they are summed; a block's
                                   gradient is small next to these)
-  reference model          4P/W sharded (train.shard reshards a frozen model's root after its forward;
+  reference model          4P/W sharded (train.main reshards the frozen reference after scoring;
                                   FSDP2's default would keep its embeddings and head whole, as it
                                   reshards a root only in backward, which a frozen model never runs)
   LM-head slice            28 x n x V bytes, n = min(T, LOGIT_ELEMENTS // V) (batch.py): logits in c
