@@ -70,7 +70,8 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
     steps = -(-len(episodes) // batch_episodes)
     n_real = len(episodes)
     # a rank left without episodes still joins every collective, on a dummy row that trains nothing
-    batch = collate(episodes or [Episode(0, 0, [pad_id, pad_id], 1)], pad_id)  # 2 tokens: one scored position
+    dummy = Episode(0, 0, [pad_id, pad_id], 1, mask=[0], logprobs=[0.0])  # one scored position, never trained
+    batch = collate(episodes or [dummy], pad_id)
     mask, lengths = batch["mask"], batch["attn"].sum(1)
     gen = torch.Generator().manual_seed(seed)
     n_steps = reduce_max(steps)  # every rank runs the same number of optimizer steps (collectives)
