@@ -130,7 +130,7 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
     # backward are skipped. It still counts in the normaliser, so the gradient is unchanged. GRPO makes
     # many such rows: every group whose rewards are all equal (all solved, or all failed).
     idle = ref_lp is None and not cfg.entropy_coef and "critic" not in models
-    silent = {r for r in range(len(mask)) if idle and not bool((adv[r] * mask[r]).any())}
+    silent = set(((adv * mask) == 0).all(1).nonzero().flatten().tolist()) if idle else set()
     gen = torch.Generator().manual_seed(seed)
     for epoch in range(cfg.ppo_epochs):
         order = torch.randperm(len(mask), generator=gen).tolist()
@@ -328,7 +328,9 @@ def main(argv=None):
     kl_in_reward = cfg.algo.startswith("reinforce++") and ref is not None
     dtype = getattr(torch, d.dtype)
     if cfg.bc_episodes and not resume_from and not warm_done:
-        behaviour_clone(cfg, d, policy, ref, env_pool, threads, chat, tokenizer, train_ids, warm_dir)
+        import warmstart
+        warmstart.run(cfg, max(d.schedule.budgets), policy, ref, env_pool, threads, chat, tokenizer, train_ids,
+                      warm_dir, all_sum, all_max, print0)
         sync(engine, policy, dtype)
 
     evaluate_now = cfg.eval_every and cfg.eval_tasks
@@ -429,38 +431,6 @@ def main(argv=None):
         engine.close()
     if dist.is_initialized():  # vLLM's shutdown may already have destroyed the default group
         dist.destroy_process_group()
-
-
-def behaviour_clone(cfg, d, policy, ref, env_pool, pool, chat, tokenizer, train_ids, warm_dir: Path) -> None:
-    """The warm start (warmstart.py): this rank's share of expert episodes on train tasks, imitated
-    through the FSDP2 policy; the result is saved to `warm_dir` (an HF directory, for evaluate.py and
-    --resume) and, with a KL term, copied into the reference model."""
-    import warmstart
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    t = time.perf_counter()
-    mine = warmstart.demo_tasks(train_ids, cfg.bc_episodes, cfg.seed)[rank::world]
-    turns = max(d.schedule.budgets)
-    parts = [mine[i::len(env_pool)] for i in range(len(env_pool))]  # one env instance plays each part
-    played = pool.map(lambda i: [warmstart.expert_episode(env_pool[i], chat, task, turns, cfg.max_context)
-                                 for task in parts[i]], range(len(env_pool)))
-    played = [ep for part in played for ep in part]
-    # only the expert's successes: a failed expert episode ends in fallback wandering, not in skill
-    episodes = [ep for ep in played if ep.success]
-    n, wins, tokens = all_sum(len(played), len(episodes), sum(sum(e.mask) for e in episodes))
-    print0(f"warm start: {int(n)} expert episodes in {time.perf_counter() - t:.0f}s, {int(wins)} successful within "
-           f"{turns} turns ({tokens / max(wins, 1):.0f} policy tokens each); imitating those")
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
-    bar = (lambda k, total, nll: print0(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")) if RANK == 0 else None
-    losses = warmstart.clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens,
-                             cfg.seed, tokenizer.pad_token_id or 0, all_sum, all_max, world, progress=bar)
-    del optimizer
-    checkpoint.save_model(warm_dir, policy, tokenizer, rank)
-    if ref is not None:
-        with torch.no_grad():
-            ref.load_state_dict(policy.state_dict())
-    print0(f"warm start done in {time.perf_counter() - t:.0f}s: NLL {losses[0]:.3f} -> {losses[-1]:.3f}; "
-           f"saved {warm_dir}")
 
 
 def quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, turns: int, pool) -> dict:

@@ -20,8 +20,11 @@ over all ranks, through the same FSDP2 model, micro-batching and sliced LM head 
 from __future__ import annotations
 
 import random
+import time
 
 import torch
+
+import checkpoint
 
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad
 from rollout import Episode
@@ -98,3 +101,35 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
             if progress:
                 progress(len(losses), n_steps * epochs, mean_nll)
     return losses
+
+
+def run(cfg, turns: int, policy, ref, env_pool, pool, chat, tokenizer, train_ids, warm_dir, reduce_sum, reduce_max,
+        say=print) -> None:
+    """The warm start as train.py runs it (collective): this rank's share of expert episodes on train
+    tasks at `turns`, the successful ones imitated through the FSDP2 policy, the result saved to
+    `warm_dir` (an HF directory, for evaluate.py and --resume) and, with a KL term, copied into the
+    reference model. `say` prints on rank 0."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = time.perf_counter()
+    mine = demo_tasks(train_ids, cfg.bc_episodes, cfg.seed)[rank::world]
+    parts = [mine[i::len(env_pool)] for i in range(len(env_pool))]  # one env instance plays each part
+    played = pool.map(lambda i: [expert_episode(env_pool[i], chat, task, turns, cfg.max_context)
+                                 for task in parts[i]], range(len(env_pool)))
+    played = [ep for part in played for ep in part]
+    # only the expert's successes: a failed expert episode ends in fallback wandering, not in skill
+    episodes = [ep for ep in played if ep.success]
+    n, wins, tokens = reduce_sum(len(played), len(episodes), sum(sum(e.mask) for e in episodes))
+    say(f"warm start: {int(n)} expert episodes in {time.perf_counter() - t:.0f}s, {int(wins)} successful within "
+        f"{turns} turns ({tokens / max(wins, 1):.0f} policy tokens each); imitating those")
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
+    progress = lambda k, total, nll: say(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")  # noqa: E731
+    losses = clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens, cfg.seed,
+                   tokenizer.pad_token_id or 0, reduce_sum, reduce_max, world, progress=progress)
+    del optimizer
+    checkpoint.save_model(warm_dir, policy, tokenizer, rank)
+    if ref is not None:
+        with torch.no_grad():
+            ref.load_state_dict(policy.state_dict())
+    say(f"warm start done in {time.perf_counter() - t:.0f}s: NLL {losses[0]:.3f} -> {losses[-1]:.3f}; saved {warm_dir}")
