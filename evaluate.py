@@ -273,7 +273,7 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
         build(d.model)
     dist.barrier()
     model_dir = build(d.model)
-    chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir))
+    chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir), model_dir)
     engine = make_engine(model_dir, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.seed + rank,
                          max_seqs=cfg.chunk * cfg.k)
     make_env = lambda: envs.make(cfg.env, **json.loads(cfg.env_options))  # noqa: E731

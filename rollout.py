@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine import Sampling
+from engine import Sampling, stop_ids
 
 REPLY, OBS = "<<REPLY-PLACEHOLDER>>", "<<OBSERVATION-PLACEHOLDER>>"
 
@@ -34,7 +34,7 @@ REPLY, OBS = "<<REPLY-PLACEHOLDER>>", "<<OBSERVATION-PLACEHOLDER>>"
 class ChatFormat:
     """Turns chat messages into token ids through the tokenizer's own chat template."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, model_dir: str | None = None):
         self.tok = tokenizer
         base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
         before = self.render(base + [{"role": "assistant", "content": REPLY}], generation_prompt=False)
@@ -48,7 +48,10 @@ class ChatFormat:
         if not eos or not close.startswith(eos):
             raise ValueError(f"the template closes an assistant turn with {close!r}, which does not start with "
                              f"the tokenizer's eos token {eos!r}; set eos_token to the end-of-turn token")
-        self.stop_ids = (tokenizer.eos_token_id,)
+        self.eos_id = tokenizer.eos_token_id                 # the template's end of turn
+        # Every end-of-generation id the model declares stops a reply (vLLM stops on them anyway; the HF
+        # engine and the "did it stop" test below must know them too), the template's own first.
+        self.stop_ids = stop_ids(tokenizer, model_dir)
         self.close_after_stop = close[len(eos):]             # what follows the sampled stop token, e.g. "\n"
         self.close = close                                    # what closes a turn cut off by a token cap
 
@@ -64,7 +67,9 @@ class ChatFormat:
         return self.encode(head) + self.encode(first_observation, plain=True) + self.encode(tail)
 
     def observation(self, text: str, stopped: bool) -> list[int]:
-        """Tokens after a sampled reply: close the assistant turn, the user turn, the next assistant header."""
+        """Tokens after a sampled reply: close the assistant turn, the user turn, the next assistant header.
+        `stopped`: the reply ended with the template's own end-of-turn token, so only what follows it is
+        added; a reply cut by its token cap, or ended by another declared eos, gets the full close."""
         head = (self.close_after_stop if stopped else self.close) + self.obs_open
         return self.encode(head) + self.encode(text, plain=True) + self.encode(self.obs_close)
 
@@ -179,8 +184,7 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
             if turn + 1 == max_turns:
                 ep.end = "horizon"
                 continue
-            stopped = bool(s.ids) and s.ids[-1] in chat.stop_ids
-            obs_ids = chat.observation(obs, stopped)
+            obs_ids = chat.observation(obs, stopped=bool(s.ids) and s.ids[-1] == chat.eos_id)
             if len(ep.ids) + len(obs_ids) >= max_context:  # no room left for another reply
                 ep.end = "context"
                 continue

@@ -293,7 +293,7 @@ def main(argv=None):
     warm_done = cfg.resume and (warm_dir / "config.json").exists()  # a resumed run keeps its warm start
     policy_path = str(resume_from / "policy") if resume_from else str(warm_dir) if warm_done else base
     tokenizer = AutoTokenizer.from_pretrained(policy_path)
-    chat = ChatFormat(tokenizer)
+    chat = ChatFormat(tokenizer, policy_path)
     mesh = init_device_mesh(d.device, (world,))
     # Models load on the CPU; fully_shard moves each block to the mesh's device as it shards it, so no
     # GPU ever holds a whole unsharded fp32 copy.

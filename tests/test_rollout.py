@@ -208,3 +208,29 @@ def test_observation_text_cannot_inject_special_tokens(model_dir):
     first = chat.prompt("sys", hostile)
     # only the template's own role markers are special: close, open user, close, open assistant, ...
     assert sum(t in special for t in obs) == 3 and sum(t in special for t in first) == 5
+
+
+def test_every_declared_eos_stops_a_reply(engine, model_dir, tmp_path):
+    """A model whose generation_config.json declares a second end-of-generation id (as Qwen2.5-Instruct
+    does with <|endoftext|>): both engines stop on it, and the turn it ends is then closed in full."""
+    import shutil
+    tok = tokenizer_for(model_dir, "tiny")
+    other = tokenizer_for(model_dir, "llama3").eos_token_id  # eos_prone_state makes this one likely too
+    shutil.copytree(model_dir, tmp_path / "m")
+    (tmp_path / "m" / "generation_config.json").write_text(f'{{"eos_token_id": [{tok.eos_token_id}, {other}]}}')
+    chat = ChatFormat(tok, str(tmp_path / "m"))
+    assert chat.stop_ids == (tok.eos_token_id, other) and ChatFormat(tok).stop_ids == (tok.eos_token_id,)
+    tasks = [(t, t) for t in range(16)]
+    episodes, _ = rollout(engine, chat, [Digits(turns=6) for _ in tasks], Digits, tasks, max_turns=6,
+                          max_tokens=12, seed=5)
+    close = chat.encode(chat.close)
+    ended_on_other = 0
+    for ep in episodes:
+        for idx in runs(ep.mask):
+            ids = [ep.response[i] for i in idx]
+            assert not set(ids[:-1]) & set(chat.stop_ids), "generation went on past a stop id"
+            after = ep.response[idx[-1] + 1: idx[-1] + 1 + len(close)]
+            if ids[-1] == other and after:
+                ended_on_other += 1
+                assert after == close
+    assert ended_on_other > 0
