@@ -100,7 +100,7 @@ def smollm2(env: str | None = None) -> Config:
     no KL term (a departure from the paper's 0.001, sparing the reference model's forward on 2 cores);
     BabyAI's brief instruction. Held-out evaluation before RL and every 7 steps. No activation
     checkpointing: at 2,048-token micro-batches a rank peaks at about 4.5 GB without it (2.9 GB with) and
-    the update runs 1.29x faster (bench/train_step.py). About 30 minutes on 2 cores."""
+    the update runs 1.29x faster (bench/train_step.py). train.py took 35 minutes on 2 cores (README, Results)."""
     env = env or "babyai"
     return Config(env=env, env_options='{"brief": true}' if env == "babyai" else "{}", model="smollm2", algo="grpo",
                   steps=21, tasks_per_step=12, samples_per_task=4, horizon="4,6,8@7", max_tokens=40, max_context=2048,
