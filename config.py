@@ -76,6 +76,8 @@ class Config:
     dtype: str = doc("compute dtype: auto (bfloat16 on GPUs and on CPUs with AMX/AVX512-BF16, except the tiny "
                      "model), float32 or bfloat16; master weights and optimizer stay float32", "auto")
     checkpointing: bool = doc("activation checkpointing in the policy and critic", False)
+    train_layers: int = doc("train only the top N decoder blocks and the final norm (embeddings, tied head and "
+                            "lower blocks frozen; cheaper backward); 0: every parameter", 0)
     seed: int = doc("base seed; ranks, tasks and samples derive theirs from it", 0)
     out: str = doc("run directory (config, metrics.jsonl, plots, checkpoints)", "runs/{env}-{algo}")
     eval_every: int = doc("every N steps (and at the end), one sampled episode per test task at the final turn budget; 0: never", 0)
@@ -229,8 +231,8 @@ def check(cfg: Config, world: int) -> str | None:
         return "--env-options must be a JSON object, e.g. '{\"max_distractors\": 5}'"
     if cfg.bc_episodes and not hasattr(env_class(cfg.env), "expert"):
         return f"--bc-episodes needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set --bc-episodes 0"
-    if cfg.eval_every < 0 or cfg.eval_tasks < 0 or cfg.bc_episodes < 0:
-        return "--eval-every, --eval-tasks and --bc-episodes must be >= 0"
+    if cfg.eval_every < 0 or cfg.eval_tasks < 0 or cfg.bc_episodes < 0 or cfg.train_layers < 0:
+        return "--eval-every, --eval-tasks, --bc-episodes and --train-layers must be >= 0"
     for name in ("steps", "tasks_per_step", "samples_per_task", "max_tokens", "max_context", "ppo_epochs",
                  "mini_batches", "micro_tokens", "env_workers", "keep", "bc_epochs", "bc_batch"):
         if getattr(cfg, name) <= 0:

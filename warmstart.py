@@ -123,7 +123,8 @@ def run(cfg, turns: int, policy, ref, env_pool, pool, chat, tokenizer, train_ids
     n, wins, tokens = reduce_sum(len(played), len(episodes), sum(sum(e.mask) for e in episodes))
     say(f"warm start: {int(n)} expert episodes in {time.perf_counter() - t:.0f}s, {int(wins)} successful within "
         f"{turns} turns ({tokens / max(wins, 1):.0f} policy tokens each); imitating those")
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
+    trained = [p for p in policy.parameters() if p.requires_grad]  # --train-layers may freeze some
+    optimizer = torch.optim.AdamW(trained, lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
     progress = lambda k, total, nll: say(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")  # noqa: E731
     losses = clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens, cfg.seed,
                    tokenizer.pad_token_id or 0, reduce_sum, reduce_max, world, progress=progress)

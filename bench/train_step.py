@@ -321,6 +321,8 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="compute dtype (train.shard's, the engine's, the plain step's autocast)")
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing in the policy")
+    parser.add_argument("--train-layers", type=int, default=0,
+                        help="train only the top N decoder blocks and the final norm (train.py --train-layers)")
     parser.add_argument("--on-policy", action="store_true",
                         help="old=None to train.update: no old-logprob pass (train.py's ppo_epochs 1, mini_batches 1)")
     parser.add_argument("--episodes", type=int, default=16, help="episodes per step over all ranks")
@@ -369,8 +371,9 @@ def main() -> None:
     args.path, cleanup = model_dir(args, rank)
     load = lambda: AutoModelForCausalLM.from_pretrained(args.path, dtype=torch.float32)  # noqa: E731
     mesh = init_device_mesh("cpu", (world,))
-    policy = train.shard(load(), mesh, args.dtype, args.checkpointing)
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    policy = train.shard(load(), mesh, args.dtype, args.checkpointing, train_layers=args.train_layers)
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
+                            weight_decay=cfg.weight_decay)
     ref = train.shard(load(), mesh, args.dtype, False, trainable=False) if cfg.kl_coef > 0 else None
     tokenizer = AutoTokenizer.from_pretrained(args.path)
     # random ids of the tokenizer but no special one, so no synthetic token is a role or end-of-turn marker
@@ -437,7 +440,8 @@ def report(args, f, config) -> None:
           f"world {world} (FSDP2, gloo, CPU), torch threads {torch.get_num_threads()}, load average "
           f"{os.getloadavg()[0]:.1f}")
     old = "on-policy (old=None: no old-logprob pass)" if args.on_policy else "old logprobs scored before the update"
-    print(f"# dtype {precision}; activation checkpointing {'on' if args.checkpointing else 'off'}; {old}; "
+    print(f"# dtype {precision}; activation checkpointing {'on' if args.checkpointing else 'off'}; "
+          f"trained blocks {args.train_layers or 'all'}; {old}; "
           f"{args.algo}, kl_coef {args.kl_coef}{' (no reference model)' if not args.kl_coef else ''}; "
           f"engine {args.engine}; micro-batch budget {args.micro_tokens} tokens")
     print(f"# {args.episodes} synthetic episodes per step ({args.episodes // world} per rank; prompt ~{args.prompt}, "

@@ -138,3 +138,29 @@ def test_trained_models_train_with_checkpointing_and_the_reference_is_frozen(unu
         assert r["policy_training"] and not r["ref_training"] and not r["ref_grad"]
         # checkpointed layers keep only their inputs for backward: far fewer saved tensors
         assert r["saved"][True] < r["saved"][False] / 2, r["saved"]
+
+
+def _frozen_below_top_blocks(rank):
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM
+
+    from tiny import tiny_model_dir
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = train.shard(AutoModelForCausalLM.from_pretrained(tiny_model_dir()), mesh, "float32", False, train_layers=1)
+    before = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    torch.manual_seed(rank)
+    ids = torch.randint(0, 1000, (2, 32))
+    model(input_ids=ids, use_cache=False).logits.float().logsumexp(-1).mean().backward()
+    opt.step()
+    after = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    top = f"model.layers.{len(model.model.layers) - 1}."
+    return {k: not torch.equal(before[k], after[k]) for k in before}, top
+
+
+def test_train_layers_updates_only_the_top_blocks_and_final_norm():
+    for changed, top in spawn(_frozen_below_top_blocks, "gloo"):
+        assert changed["model.norm.weight"] and all(v for k, v in changed.items() if k.startswith(top))
+        frozen = [k for k in changed if not k.startswith(top) and k != "model.norm.weight"]
+        assert frozen and not any(changed[k] for k in frozen), [k for k in frozen if changed[k]]
