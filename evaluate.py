@@ -15,7 +15,7 @@ results.md, results.json, transcripts.jsonl, pass_at_k.png, turn_scaling.png, co
 
 Definitions (per table row, tasks weigh equally):
 - Avg@k: the mean reward over the k samples of a task, averaged over tasks. The reward is the env's
-  last reward as returned (DESIGN.md: scaled to [-1, 1]); REWARD_SCALE notes what it means per env.
+  last reward as returned (docs/design.md: scaled to [-1, 1]); REWARD_SCALE notes what it means per env.
   The paper's tables show them x 100.
 - Pass@k: the unbiased estimator of Chen et al. (2021) from n samples with c successes,
   1 - C(n-c, k) / C(n, k), averaged over tasks. Taking "any success among the first k samples"

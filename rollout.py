@@ -9,7 +9,7 @@ Each turn of `rollout()`:
   2. the env steps of those episodes run concurrently in a thread pool (results kept in order);
   3. the observation is appended as tokens, unless the episode ended.
 
-Token-exact bookkeeping (DESIGN.md): the ids the sampler produced are the ids that are trained on,
+Token-exact bookkeeping (docs/design.md): the ids the sampler produced are the ids that are trained on,
 end-of-turn token included; the history is never decoded and re-encoded. Observation tokens come
 from rendering the model's own chat template around placeholders and taking the text difference
 (`ChatFormat`), so any HF chat template works, not only ChatML. `mask` is 1 exactly on sampled tokens.
