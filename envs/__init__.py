@@ -103,3 +103,22 @@ def parse_action(text: str, max_chars: int = 300) -> tuple[str, str | None]:
     if len(action) > max_chars:
         return "", f"Invalid action: longer than {max_chars} characters. Write one short action."
     return action, None
+
+
+def agentgym_action(text: str, max_chars: int = 300) -> tuple[str, str | None]:
+    """Extract the action as AgentGym's SciWorld and BabyAI clients did: drop a trailing `</s>`, split
+    the reply on `Action:` (case-sensitive, anywhere) and take the text between the first and the second
+    split (to the end when there is one), stripped; a reply without `Action:` is the action as a whole.
+    So a second `Action:` is not an error here, and a multi-line remainder goes to the env as it is.
+
+    Departures, to keep the never-raise contract cheap: an empty action, or one longer than `max_chars`,
+    returns ("", error observation) instead of being sent to the simulator.
+    """
+    text = text[:-len("</s>")] if text.endswith("</s>") else text
+    parts = text.split("Action:")
+    action = (parts[1] if len(parts) > 1 else parts[0]).strip()
+    if not action:
+        return "", "Invalid reply: no action found. Reply as 'Thought:\\n<your reasoning>\\n\\nAction:\\n<one action>'."
+    if len(action) > max_chars:
+        return "", f"Invalid action: longer than {max_chars} characters. Write one short action."
+    return action, None
