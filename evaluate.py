@@ -21,6 +21,10 @@ Definitions (per table row, tasks weigh equally):
   1 - C(n-c, k) / C(n, k), averaged over tasks. Taking "any success among the first k samples"
   instead would depend on sample order and have a larger variance.
 
+Paper mode: `--tasks-file` plays exactly the tasks of an AgentGym-RL-Data-ID list (e.g. the paper's
+`eval/sciworld_test.json`, mapped by envs/agentgym.py), `--prompt-style agentgym` opens episodes the
+way AgentGym's clients did (framing.py); the README's "Comparing with the paper" says what still differs.
+
 Departures from the paper's evaluation: environments run in-process (no env servers). Each turn budget
 plays its own episodes. An episode that outgrows `--max-context` ends there (end reason "context" in
 the transcripts and in results.json's "ends"), so a short context can hide the gain of a longer budget.

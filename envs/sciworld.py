@@ -24,7 +24,7 @@ Engineering departures from `scienceworld.ScienceWorldEnv` (same simulator, same
 Paper task set (`task_set="agentgym"`): the 23 task types of AgentGym's server (it left out 5-1, 5-2,
 9-1, 9-2, 9-3, 10-1, 10-2), no 'check valid actions' command (the instruction does not offer it and the
 simulator answers it as an unknown action), and `tasks(split)` keeps the official train/dev/test
-variations of those 23 types (1,565 test tasks). The paper's test set is 200 tasks over those 23 types,
+variations of those 23 types (1,171 test tasks). The paper's test set is 200 tasks over those 23 types,
 listed in AgentGym-RL-Data-ID's `eval/sciworld_test.json`: pass that file with `--tasks-file` to play
 exactly those. `agentgym_task(n)` maps AgentGym's `sciworld_<n>` to a task id here: the original server
 lists every variation of each of the 23 types in the simulator's task order, and n indexes that list.
@@ -92,7 +92,7 @@ NUM_TASKS = sum(SIZES)  # 7207
 # Task types AgentGym's server left out; the paper's agent saw the 23 others.
 AGENTGYM_SKIPPED = ("5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2")
 AGENTGYM_TYPES = [k for k, row in enumerate(TASK_TYPES) if row[0] not in AGENTGYM_SKIPPED]
-AGENTGYM_NUM_TASKS = sum(SIZES[k] for k in AGENTGYM_TYPES)  # 5,353
+AGENTGYM_NUM_TASKS = sum(SIZES[k] for k in AGENTGYM_TYPES)  # 4,639
 TASK_SETS = ("all", "agentgym")
 
 

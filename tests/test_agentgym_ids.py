@@ -40,7 +40,7 @@ def test_every_sciworld_id_lands_where_the_original_server_put_it(sciworld, tmp_
     skipped = {"5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2"}
     games = [(name, v) for code, name in ID2TASK.items() if code not in skipped
              for v in range(sciworld._sim.getTaskMaxVariations(name))]
-    assert len({name for name, _ in games}) == 23
+    assert len({name for name, _ in games}) == 23 and len(games) == 4639
     ours = [sciworld.locate(agentgym.task_id("sciworld", n, {})) for n in range(len(games))]
     assert ours == games
     with pytest.raises(ValueError, match="outside"):
@@ -54,7 +54,7 @@ def test_paper_task_set(sciworld):
     kept = {TASK_TYPES[k][2] for k in AGENTGYM_TYPES}
     test = sciworld.tasks("test")
     assert {sciworld.locate(t)[0] for t in test} == kept and len(kept) == 23
-    assert len(test) == sum(TASK_TYPES[k][5] for k in AGENTGYM_TYPES)
+    assert len(test) == sum(TASK_TYPES[k][5] for k in AGENTGYM_TYPES) == 1171
     assert "check valid actions" not in sciworld.instruction
     assert "check valid actions" in SciWorld.instruction  # the default set keeps it
     sciworld.reset(OFFSETS[11])  # find-living-thing
