@@ -16,6 +16,9 @@ shard of the policy. One training step (AgentGym-RL, section 3; ScalingInter-RL,
   5. weight sync: full parameters streamed into every rank's generator;
   6. log, checkpoint.
 
+Paper mode: `--tasks-file` trains on an AgentGym-RL-Data-ID task list and `--prompt-style agentgym`
+frames episodes as AgentGym's clients did (README, "Comparing with the paper").
+
 Departures from the paper's code: the reward sits on the last policy token (the original put it on an
 observation token outside the loss mask); RLOO is implemented; the horizon is a pure function of the
 step, so a resumed run gets the same stage (the original's counter was off by one after resume).
