@@ -20,8 +20,10 @@ import os
 import shutil
 from dataclasses import dataclass, field, fields
 
+import framing as framings
 import schedule as schedules
 from algorithms import AGGREGATIONS
+from framing import Framing
 
 ALGOS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "ppo")
 
@@ -35,6 +37,13 @@ class Config:
     # what to train
     env: str = doc("environment: textcraft, sciworld, babyai, webarena, searchqa, or package.module:Class", "textcraft")
     env_options: str = doc("JSON object of extra keyword options for the environment constructor", "{}")
+    tasks_file: str = doc("train on exactly these tasks: an AgentGym-RL-Data-ID style JSON list "
+                          "([{\"item_id\": \"sciworld_17\"}, ...]) mapped as envs/agentgym.py says; empty: the "
+                          "env's train split", "")
+    prompt_style: str = doc("ours (instruction as the system message) or agentgym (AgentGym's framing: instruction "
+                            "as a user turn, a canned assistant reply, the original clients' action parsing)", "ours")
+    instructions_file: str = doc("JSON object {env: instruction text} replacing the env's instruction (e.g. the "
+                                 "original AgentGym prompts); empty: the env's own", "")
     model: str = doc("'tiny' (built offline), an HF model name, or a local model directory", "tiny")
     algo: str = doc("advantage estimator: grpo, rloo, reinforce++, reinforce++_baseline, ppo (GAE + critic)", "grpo")
     # the batch
@@ -162,7 +171,8 @@ def _type(f):
 @dataclass(frozen=True)
 class Derived:
     schedule: schedules.Schedule
-    env_options: dict
+    env_options: dict   # --env-options, plus the agentgym style's action parsing (framing.env_options)
+    framing: Framing    # how every episode opens (--prompt-style, --instructions-file)
     device: str
     dtype: str          # compute and engine dtype (see `compute_dtype`)
     out: str
@@ -173,7 +183,9 @@ def derive(cfg: Config) -> Derived:
     import torch
 
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    return Derived(schedule=schedules.parse(cfg.horizon), env_options=json.loads(cfg.env_options),
+    return Derived(schedule=schedules.parse(cfg.horizon),
+                   env_options=framings.env_options(cfg.prompt_style, cfg.env, json.loads(cfg.env_options)),
+                   framing=framings.make(cfg.prompt_style, cfg.env, cfg.instructions_file),
                    device=device, dtype=compute_dtype(cfg.dtype, device, cfg.model),
                    out=cfg.out.format(env=cfg.env, algo=cfg.algo.replace("+", "p")),
                    estimator="gae" if cfg.algo == "ppo" else cfg.algo)
@@ -222,13 +234,25 @@ def check(cfg: Config, world: int) -> str | None:
     if not 0 < cfg.top_p <= 1:
         return f"--top-p must be in (0, 1], got {cfg.top_p}"
     try:
-        derive(cfg)
+        options = json.loads(cfg.env_options)
     except json.JSONDecodeError as exc:
         return f"--env-options is not a JSON object ({exc.msg}); e.g. --env-options '{{\"max_distractors\": 5}}'"
+    if not isinstance(options, dict):
+        return "--env-options must be a JSON object, e.g. '{\"max_distractors\": 5}'"
+    try:
+        framings.make(cfg.prompt_style, cfg.env, cfg.instructions_file)
+    except ValueError as exc:
+        return str(exc)
+    try:
+        derive(cfg)
     except ValueError as exc:
         return f"--horizon: {exc}"
-    if not isinstance(json.loads(cfg.env_options), dict):
-        return "--env-options must be a JSON object, e.g. '{\"max_distractors\": 5}'"
+    if cfg.tasks_file:
+        from envs.agentgym import task_ids
+        try:
+            task_ids(cfg.tasks_file, cfg.env, options)
+        except ValueError as exc:
+            return f"--tasks-file {cfg.tasks_file}: {exc}"
     if cfg.bc_episodes and not hasattr(env_class(cfg.env), "expert"):
         return f"--bc-episodes needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set --bc-episodes 0"
     if cfg.eval_every < 0 or cfg.eval_tasks < 0 or cfg.bc_episodes < 0 or cfg.train_layers < 0:

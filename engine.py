@@ -1,7 +1,7 @@
 """The one boundary to the generator: vLLM (GPU build or CPU build) or a transformers fallback.
 
 Both engines take token ids in and give token ids and their logprobs out, so the rollout never
-decodes and re-encodes a history (DESIGN.md, token-exact rule):
+decodes and re-encodes a history (docs/design.md, the token-exact rule):
 
     engine.generate(prompts: list[list[int]], params: Sampling) -> list[Sample(ids, logprobs)]
     engine.sync_weights(named_tensors)   # (name, full tensor) pairs in HF naming
@@ -78,7 +78,7 @@ def stop_ids(tokenizer_or_dir, model_dir: str | None = None) -> tuple[int, ...]:
 
 def cpu_supports_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU multiplies bf16 natively (AMX-BF16 or AVX512-BF16 in /proc/cpuinfo's flags). With
-    them bf16 generates about 2-3x faster than fp32 here (DESIGN.md, Machine facts); without them oneDNN
+    them bf16 generates about 2-3x faster than fp32 (measured on a 2-core AMX CPU); without them oneDNN
     emulates bf16 and it gains little. False off Linux/x86. `torch.backends.cpu.get_cpu_capability()`
     cannot tell: it says "AVX512" with or without the bf16 extensions."""
     try:

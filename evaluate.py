@@ -15,11 +15,15 @@ results.md, results.json, transcripts.jsonl, pass_at_k.png, turn_scaling.png, co
 
 Definitions (per table row, tasks weigh equally):
 - Avg@k: the mean reward over the k samples of a task, averaged over tasks. The reward is the env's
-  last reward as returned (DESIGN.md: scaled to [-1, 1]); REWARD_SCALE notes what it means per env.
+  last reward as returned (docs/design.md: scaled to [-1, 1]); REWARD_SCALE notes what it means per env.
   The paper's tables show them x 100.
 - Pass@k: the unbiased estimator of Chen et al. (2021) from n samples with c successes,
   1 - C(n-c, k) / C(n, k), averaged over tasks. Taking "any success among the first k samples"
   instead would depend on sample order and have a larger variance.
+
+Paper mode: `--tasks-file` plays exactly the tasks of an AgentGym-RL-Data-ID list (e.g. the paper's
+`eval/sciworld_test.json`, mapped by envs/agentgym.py), `--prompt-style agentgym` opens episodes the
+way AgentGym's clients did (framing.py); the README's "Comparing with the paper" says what still differs.
 
 Departures from the paper's evaluation: environments run in-process (no env servers). Each turn budget
 plays its own episodes. An episode that outgrows `--max-context` ends there (end reason "context" in
@@ -40,7 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import envs
+import framing as framings
 from config import PAPER_TURNS, SMALL_MODELS, compute_dtype, doc, flags
+from envs import agentgym
+from framing import Framing
 from report import pairs, plot, summarize, table
 
 EVAL_TURNS = {"babyai": 20, "sciworld": 30, "textcraft": 30, "searchqa": 30, "webarena": 15}  # paper's test budgets
@@ -52,7 +59,8 @@ REWARD_SCALE = {
     "searchqa": "0 or 1: 1 when the answer matches a gold answer exactly (SQuAD normalisation)",
 }
 # The settings a resumed evaluation must share with the transcripts it continues.
-SAME_FOR_RESUME = ("env", "env_options", "model", "k", "temperature", "top_p", "max_tokens", "max_context")
+SAME_FOR_RESUME = ("env", "env_options", "model", "k", "temperature", "top_p", "max_tokens", "max_context",
+                   "prompt_style", "instruction")
 
 
 @dataclass
@@ -63,6 +71,12 @@ class EvalConfig:
                      "directory / checkpoints root whose `latest` file names a checkpoint", "tiny")
     split: str = doc("task split to evaluate: test, train (or dev where the env has one)", "test")
     tasks: str = doc("comma list of task ids of --split to evaluate instead of the whole split", "")
+    tasks_file: str = doc("evaluate exactly these tasks (any split): an AgentGym-RL-Data-ID style JSON list "
+                          "([{\"item_id\": \"sciworld_17\"}, ...]) mapped as envs/agentgym.py says", "")
+    prompt_style: str = doc("ours (instruction as the system message) or agentgym (AgentGym's framing: instruction "
+                            "as a user turn, a canned assistant reply, the original clients' action parsing)", "ours")
+    instructions_file: str = doc("JSON object {env: instruction text} replacing the env's instruction (e.g. the "
+                                 "original AgentGym prompts); empty: the env's own", "")
     limit: int = doc("evaluate only the first N tasks (0: all)", 0)
     k: int = doc("samples per task and turn budget (Avg@k; Pass@j for j = 1, 2, 4, ..., k)", 1)
     turns: str = doc("turn budget, or a comma list of budgets for interaction scaling ('10,20,30'); "
@@ -95,6 +109,8 @@ class Derived:
     dtype: str
     out: Path
     model: str             # checkpoint directories resolved to the policy directory; 'tiny' kept as is
+    env_options: dict      # --env-options, plus the agentgym style's action parsing (framing.env_options)
+    framing: Framing       # how every episode opens (--prompt-style, --instructions-file)
 
 
 def parse_budgets(text: str) -> list[int]:
@@ -128,7 +144,9 @@ def derive(cfg: EvalConfig) -> Derived:
                    max_tokens=cfg.max_tokens or PAPER_TURNS.get(cfg.env, (0, 0, 512))[2],
                    temperature=0.0 if cfg.greedy else cfg.temperature, device=device,
                    dtype=compute_dtype(cfg.dtype, device, cfg.model),
-                   out=Path(cfg.out.format(env=cfg.env.replace(":", "_"), model=name)), model=resolve_model(cfg.model))
+                   out=Path(cfg.out.format(env=cfg.env.replace(":", "_"), model=name)), model=resolve_model(cfg.model),
+                   env_options=framings.env_options(cfg.prompt_style, cfg.env, json.loads(cfg.env_options)),
+                   framing=framings.make(cfg.prompt_style, cfg.env, cfg.instructions_file))
 
 
 def check(cfg: EvalConfig) -> str | None:
@@ -144,6 +162,13 @@ def check(cfg: EvalConfig) -> str | None:
         return f"--env-options is not JSON ({exc.msg}); e.g. --env-options '{{\"seed\": 1}}'"
     if not isinstance(options, dict):
         return "--env-options must be a JSON object, e.g. '{\"seed\": 1}'"
+    if cfg.tasks and cfg.tasks_file:
+        return "--tasks and --tasks-file both choose the tasks; give one of them"
+    if cfg.tasks_file:
+        try:
+            agentgym.task_ids(cfg.tasks_file, cfg.env, options)
+        except ValueError as exc:
+            return f"--tasks-file {cfg.tasks_file}: {exc}"
     for name in ("k", "chunk", "env_workers", "max_context"):
         if getattr(cfg, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}"
@@ -185,12 +210,16 @@ def check(cfg: EvalConfig) -> str | None:
 
 
 def identity(cfg: EvalConfig, d: Derived) -> dict:
-    values = {**dataclasses.asdict(cfg), "model": d.model, "max_tokens": d.max_tokens, "temperature": d.temperature}
+    values = {**dataclasses.asdict(cfg), "model": d.model, "max_tokens": d.max_tokens, "temperature": d.temperature,
+              "instruction": d.framing.instruction}
     return {key: values[key] for key in SAME_FOR_RESUME}
 
 
 def select_tasks(cfg: EvalConfig, env) -> list[int]:
     """The task ids to evaluate; ValueError (one line) for an unknown split or ids outside it."""
+    if cfg.tasks_file:  # AgentGym's ids, whatever split they fall in (the paper's test lists)
+        ids = agentgym.task_ids(cfg.tasks_file, cfg.env, json.loads(cfg.env_options))
+        return ids[:cfg.limit] if cfg.limit else ids
     split = env.tasks(cfg.split)
     if cfg.tasks:
         try:
@@ -276,7 +305,7 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir), model_dir)
     engine = make_engine(model_dir, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.seed + rank,
                          max_seqs=cfg.chunk * cfg.k)
-    make_env = lambda: envs.make(cfg.env, **json.loads(cfg.env_options))  # noqa: E731
+    make_env = lambda: envs.make(cfg.env, **d.env_options)  # noqa: E731
     pool = [probe] + [make_env() for _ in range(max(len(ids) for _, ids in chunks) * cfg.k - 1)]
     threads = ThreadPoolExecutor(max_workers=cfg.env_workers)
     bar = tqdm(total=sum(len(ids) for _, ids in chunks), desc=f"eval {cfg.env}", unit="task") if rank == 0 else None
@@ -289,7 +318,7 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
             plan = [(t, g) for g, t in enumerate(ids) for _ in range(cfg.k)]
             seed = cfg.seed * 1_000_003 + budget * 10_007 + ids[0]  # a function of the chunk, not of the rank
             episodes, _ = rollout(engine, chat, pool, make_env, plan, budget, d.max_tokens, cfg.max_context,
-                                  d.temperature, cfg.top_p, seed, threads)
+                                  d.temperature, cfg.top_p, seed, threads, d.framing)
             rows = [{"task_id": e.task_id, "subtask": pool[0].subtask(e.task_id), "sample": i % cfg.k,
                      "budget": budget, "reward": e.reward, "success": e.success, "turns": e.turns,
                      "end": e.end, "error": e.error, "messages": e.messages} for i, e in enumerate(episodes)]
@@ -316,7 +345,7 @@ def main(argv=None):
     problem = check(cfg)
     if problem is None:  # the split and task ids need one env instance (no engine or model yet)
         try:
-            probe = envs.make(cfg.env, **json.loads(cfg.env_options))
+            probe = envs.make(cfg.env, **derive(cfg).env_options)
             task_ids = select_tasks(cfg, probe)
         except TypeError as exc:  # an option the env's constructor does not take
             problem = f"--env-options {cfg.env_options}: {exc}"

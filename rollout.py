@@ -9,7 +9,7 @@ Each turn of `rollout()`:
   2. the env steps of those episodes run concurrently in a thread pool (results kept in order);
   3. the observation is appended as tokens, unless the episode ended.
 
-Token-exact bookkeeping (DESIGN.md): the ids the sampler produced are the ids that are trained on,
+Token-exact bookkeeping (docs/design.md): the ids the sampler produced are the ids that are trained on,
 end-of-turn token included; the history is never decoded and re-encoded. Observation tokens come
 from rendering the model's own chat template around placeholders and taking the text difference
 (`ChatFormat`), so any HF chat template works, not only ChatML. `mask` is 1 exactly on sampled tokens.
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engine import Sampling, stop_ids
+from framing import Framing
 
 REPLY, OBS = "<<REPLY-PLACEHOLDER>>", "<<OBSERVATION-PLACEHOLDER>>"
 
@@ -62,8 +63,12 @@ class ChatFormat:
         # plain=True: special-token strings inside env text stay text (no role injection from observations)
         return self.tok(text, add_special_tokens=False, split_special_tokens=plain)["input_ids"]
 
-    def prompt(self, system: str, first_observation: str) -> list[int]:
-        head, tail = self.render([{"role": "system", "content": system}, {"role": "user", "content": OBS}]).split(OBS)
+    def prompt(self, instruction: str, first_observation: str, acknowledgement: str | None = None) -> list[int]:
+        """The first prompt: the opening turns (`opening`), the first observation as a user turn, the
+        assistant header. With an acknowledgement (AgentGym's framing) the instruction is a user turn and
+        the acknowledgement a canned assistant turn, both prompt tokens (never trained on)."""
+        messages = opening(instruction, acknowledgement) + [{"role": "user", "content": OBS}]
+        head, tail = self.render(messages).split(OBS)
         return self.encode(head) + self.encode(first_observation, plain=True) + self.encode(tail)
 
     def observation(self, text: str, stopped: bool) -> list[int]:
@@ -75,6 +80,14 @@ class ChatFormat:
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
+
+
+def opening(instruction: str, acknowledgement: str | None = None) -> list[dict]:
+    """The messages before the first observation: the instruction as the system message, or, with an
+    acknowledgement (framing.py, AgentGym's style), as a user turn followed by the canned assistant turn."""
+    if acknowledgement is None:
+        return [{"role": "system", "content": instruction}]
+    return [{"role": "user", "content": instruction}, {"role": "assistant", "content": acknowledgement}]
 
 
 @dataclass
@@ -117,8 +130,10 @@ def _call(fn, *args):
 
 def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object], tasks: list[tuple[int, int]],
             max_turns: int, max_tokens: int = 256, max_context: int = 4096, temperature: float = 1.0,
-            top_p: float = 1.0, seed: int | None = None, pool: ThreadPoolExecutor | None = None):
-    """Play one episode per (task_id, group) in `tasks`, the i-th on `envs[i]`.
+            top_p: float = 1.0, seed: int | None = None, pool: ThreadPoolExecutor | None = None,
+            framing: Framing = Framing()):
+    """Play one episode per (task_id, group) in `tasks`, the i-th on `envs[i]`; `framing` decides how
+    each episode opens (framing.py).
 
     Returns (episodes, timing) with timing seconds for "generate", "env" and "other" (our bookkeeping).
     `envs[i]` is replaced in place by `make_env()` when it raised, so the caller's pool stays usable.
@@ -135,13 +150,13 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
     timing["env"] += time.perf_counter() - t
     episodes = []
     for i, ((task_id, group), (obs, err)) in enumerate(zip(tasks, firsts)):
-        system = envs[i].instruction if err is None else ""
-        ep = Episode(task_id, group, [], 0, messages=[{"role": "system", "content": system}])
+        instruction, acknowledgement = framing.opening(envs[i]) if err is None else ("", None)
+        ep = Episode(task_id, group, [], 0, messages=opening(instruction, acknowledgement))
         if err is not None:
             ep.end, ep.error = "env_error", err
             envs[i] = _replace(envs[i], make_env)
         else:
-            ep.ids = chat.prompt(system, obs)
+            ep.ids = chat.prompt(instruction, obs, acknowledgement)
             ep.prompt_len = len(ep.ids)
             ep.messages.append({"role": "user", "content": obs})
             if ep.prompt_len >= max_context:

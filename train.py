@@ -16,6 +16,9 @@ shard of the policy. One training step (AgentGym-RL, section 3; ScalingInter-RL,
   5. weight sync: full parameters streamed into every rank's generator;
   6. log, checkpoint.
 
+Paper mode: `--tasks-file` trains on an AgentGym-RL-Data-ID task list and `--prompt-style agentgym`
+frames episodes as AgentGym's clients did (README, "Comparing with the paper").
+
 Departures from the paper's code: the reward sits on the last policy token (the original put it on an
 observation token outside the loss mask); RLOO is implemented; the horizon is a pure function of the
 step, so a resumed run gets the same stage (the original's counter was off by one after resume).
@@ -337,6 +340,10 @@ def main(argv=None):
     engine = make_engine(policy_path, cfg.engine, d.device, d.dtype, cfg.max_context, seed, max_seqs=per_rank)
     env_pool = [envs.make(cfg.env, **d.env_options) for _ in range(per_rank)]
     train_ids, test_ids = env_pool[0].tasks("train"), env_pool[0].tasks("test")[:cfg.eval_tasks]
+    if cfg.tasks_file:  # AgentGym-RL's task list instead of the train split (checked in config.check)
+        from envs.agentgym import task_ids
+        train_ids = task_ids(cfg.tasks_file, cfg.env, d.env_options)
+        print0(f"training on the {len(train_ids)} tasks of {cfg.tasks_file}")
     threads = ThreadPoolExecutor(max_workers=max(1, min(cfg.env_workers, per_rank)))
     make_env = lambda: envs.make(cfg.env, **d.env_options)  # noqa: E731
     log = None
@@ -348,14 +355,14 @@ def main(argv=None):
     if cfg.bc_episodes and not resume_from and not warm_done:
         import warmstart
         warmstart.run(cfg, max(d.schedule.budgets), policy, ref, env_pool, threads, chat, tokenizer, train_ids,
-                      warm_dir, all_sum, all_max, print0)
+                      warm_dir, all_sum, all_max, print0, d.framing)
         sync(engine, policy, dtype)
 
     evaluate_now = cfg.eval_every and cfg.eval_tasks
     first = {}
     if evaluate_now and start == 0:  # held-out success of the model RL starts from (the warm start, if any)
         first = {k.replace("eval/", "eval_start/"): v for k, v in quick_eval(
-            cfg, engine, chat, env_pool, make_env, test_ids, max(d.schedule.budgets), threads).items()}
+            cfg, engine, chat, env_pool, make_env, test_ids, max(d.schedule.budgets), threads, d.framing).items()}
         print0(f"held-out success before RL: {first['eval_start/success']:.3f} ({len(test_ids)} test tasks)")
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
@@ -367,7 +374,8 @@ def main(argv=None):
         mine = plan[rank * per_rank:(rank + 1) * per_rank]
         engine.wake()
         episodes, rt = rollout(engine, chat, env_pool, make_env, mine, horizon, cfg.max_tokens, cfg.max_context,
-                               cfg.temperature, cfg.top_p, seed=(cfg.seed * 7919 + step) * 131 + rank, pool=threads)
+                               cfg.temperature, cfg.top_p, seed=(cfg.seed * 7919 + step) * 131 + rank, pool=threads,
+                               framing=d.framing)
         engine.sleep()
         timing.update({f"time/{k}": v for k, v in rt.items()})
         batch = collate(episodes, tokenizer.pad_token_id or 0)
@@ -429,7 +437,8 @@ def main(argv=None):
         last = step + 1 == cfg.steps
         if evaluate_now and ((step + 1) % cfg.eval_every == 0 or last):
             t = time.perf_counter()
-            metrics.update(quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, max(d.schedule.budgets), threads))
+            metrics.update(quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, max(d.schedule.budgets), threads,
+                                      d.framing))
             metrics["time/eval"] = time.perf_counter() - t
         if log:
             log.log(step, metrics)
@@ -451,7 +460,7 @@ def main(argv=None):
         dist.destroy_process_group()
 
 
-def quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, turns: int, pool) -> dict:
+def quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, turns: int, pool, framing) -> dict:
     """One episode per task of this rank's share of `test_ids` at `turns`, sampled at the training
     temperature with a fixed seed (as evaluate.py samples; greedy decoding of a freshly warm-started
     model repeats its most common action), played in batches of the env pool; mean reward and success
@@ -462,7 +471,8 @@ def quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, turns: int, pool
     for i in range(0, len(mine), len(env_pool)):
         part = [(t, j) for j, t in enumerate(mine[i:i + len(env_pool)])]
         eps, _ = rollout(engine, chat, env_pool, make_env, part, turns, cfg.max_tokens, cfg.max_context,
-                         temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed * 104729 + i + rank, pool=pool)
+                         temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed * 104729 + i + rank, pool=pool,
+                         framing=framing)
         reward += sum(e.reward for e in eps)
         success += sum(e.success for e in eps)
     reward, success, n = all_sum(reward, success, len(mine))

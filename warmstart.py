@@ -27,15 +27,16 @@ import torch
 import checkpoint
 
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad
-from rollout import Episode
+from framing import Framing
+from rollout import Episode, opening
 
 
-def expert_episode(env, chat, task_id: int, max_turns: int, max_context: int) -> Episode:
-    """One expert episode of `task_id`, recorded as the RL rollout would record a sampled one."""
+def expert_episode(env, chat, task_id: int, max_turns: int, max_context: int, framing: Framing = Framing()) -> Episode:
+    """One expert episode of `task_id`, recorded as the RL rollout would record a sampled one (same framing)."""
     obs = env.reset(task_id)
-    ep = Episode(task_id, 0, [], 0, messages=[{"role": "system", "content": env.instruction},
-                                              {"role": "user", "content": obs}])
-    ep.ids = chat.prompt(env.instruction, obs)
+    instruction, acknowledgement = framing.opening(env)
+    ep = Episode(task_id, 0, [], 0, messages=opening(instruction, acknowledgement) + [{"role": "user", "content": obs}])
+    ep.ids = chat.prompt(instruction, obs, acknowledgement)
     ep.prompt_len = len(ep.ids)
     for turn in range(max_turns):
         reply = env.expert()
@@ -104,7 +105,7 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
 
 
 def run(cfg, turns: int, policy, ref, env_pool, pool, chat, tokenizer, train_ids, warm_dir, reduce_sum, reduce_max,
-        say=print) -> None:
+        say=print, framing: Framing = Framing()) -> None:
     """The warm start as train.py runs it (collective): this rank's share of expert episodes on train
     tasks at `turns`, the successful ones imitated through the FSDP2 policy, the result saved to
     `warm_dir` (an HF directory, for evaluate.py and --resume) and, with a KL term, copied into the
@@ -115,7 +116,7 @@ def run(cfg, turns: int, policy, ref, env_pool, pool, chat, tokenizer, train_ids
     t = time.perf_counter()
     mine = demo_tasks(train_ids, cfg.bc_episodes, cfg.seed)[rank::world]
     parts = [mine[i::len(env_pool)] for i in range(len(env_pool))]  # one env instance plays each part
-    played = pool.map(lambda i: [expert_episode(env_pool[i], chat, task, turns, cfg.max_context)
+    played = pool.map(lambda i: [expert_episode(env_pool[i], chat, task, turns, cfg.max_context, framing)
                                  for task in parts[i]], range(len(env_pool)))
     played = [ep for part in played for ep in part]
     # only the expert's successes: a failed expert episode ends in fallback wandering, not in skill

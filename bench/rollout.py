@@ -57,8 +57,8 @@ class TimedChat(ChatFormat):
         self.calls[key] += 1
         return out
 
-    def prompt(self, system, first_observation):
-        return self._timed("prompt", super().prompt, system, first_observation)
+    def prompt(self, instruction, first_observation, acknowledgement=None):
+        return self._timed("prompt", super().prompt, instruction, first_observation, acknowledgement)
 
     def observation(self, text, stopped):
         return self._timed("observation", super().observation, text, stopped)

@@ -23,7 +23,10 @@ The contract, shown by a toy environment (a guessing game):
         def tasks(self, split): return list(range(10)) if split == "train" else list(range(10, 20))
         def subtask(self, task_id): return "even" if task_id % 2 == 0 else "odd"
 
-Reward semantics (DESIGN.md): environments report a running score, so the episode's reward is the
+Optional: `agentgym_instruction`, the wording used under `--prompt-style agentgym` when it differs
+(TextCraft's, without the worked example the original lacked); framing.py says how episodes open.
+
+Reward semantics (docs/design.md): environments report a running score, so the episode's reward is the
 reward of its last step, scaled to [-1, 1]. `success` says whether the current episode met the
 environment's own success criterion (SciWorld: score 100; TextCraft: goal crafted; ...).
 """
@@ -100,6 +103,25 @@ def parse_action(text: str, max_chars: int = 300) -> tuple[str, str | None]:
     action = next((line for line in lines if line), "")
     if not action:
         return "", "Invalid reply: 'Action:' is followed by nothing. Write one action on the line after it."
+    if len(action) > max_chars:
+        return "", f"Invalid action: longer than {max_chars} characters. Write one short action."
+    return action, None
+
+
+def agentgym_action(text: str, max_chars: int = 300) -> tuple[str, str | None]:
+    """Extract the action as AgentGym's SciWorld and BabyAI clients did: drop a trailing `</s>`, split
+    the reply on `Action:` (case-sensitive, anywhere) and take the text between the first and the second
+    split (to the end when there is one), stripped; a reply without `Action:` is the action as a whole.
+    So a second `Action:` is not an error here, and a multi-line remainder goes to the env as it is.
+
+    Departures, to keep the never-raise contract cheap: an empty action, or one longer than `max_chars`,
+    returns ("", error observation) instead of being sent to the simulator.
+    """
+    text = text[:-len("</s>")] if text.endswith("</s>") else text
+    parts = text.split("Action:")
+    action = (parts[1] if len(parts) > 1 else parts[0]).strip()
+    if not action:
+        return "", "Invalid reply: no action found. Reply as 'Thought:\\n<your reasoning>\\n\\nAction:\\n<one action>'."
     if len(action) > max_chars:
         return "", f"Invalid action: longer than {max_chars} characters. Write one short action."
     return action, None

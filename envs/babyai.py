@@ -25,7 +25,13 @@ Departures from the original wrapper (agentenv-babyai):
   and a missing number means 1;
 - BabyAI-GoToObjS6-v0 is -v1 in minigrid 3.x.
 
-Splits: train = seeds 0..999 of every level, test = seeds 100000..100004 (200 tasks), disjoint.
+Task ids are AgentGym's own (`babyai_<n>` is task n here). `parser="agentgym"` (set by
+`--prompt-style agentgym`) extracts the action as the original client did: the text after the first
+`Action:` (`envs.agentgym_action`); the default takes the first line after a single `Action:`.
+
+Splits: train = seeds 0..999 of every level, test = seeds 100000..100004 (200 tasks), disjoint. The
+paper tested on 90 tasks, listed in AgentGym-RL-Data-ID's `eval/babyai_test.json`: pass that file with
+`--tasks-file` to play exactly those.
 
 Run: `python -m pytest tests/test_babyai.py`.
 """
@@ -38,7 +44,7 @@ import minigrid  # noqa: F401  (importing it registers the BabyAI levels with gy
 from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT
 from minigrid.envs.babyai.core import roomgrid_level
 
-from envs import parse_action
+from envs import agentgym_action, parse_action
 from envs.babyai_expert import BabyAIExpert
 
 # minigrid prints "Sampling rejected: ..." from level generation. Swapping sys.stdout around reset()
@@ -266,7 +272,10 @@ class BabyAI:
 
     instruction = INSTRUCTION
 
-    def __init__(self, list_actions: bool = True, brief: bool = False):
+    def __init__(self, list_actions: bool = True, brief: bool = False, parser: str = "ours"):
+        if parser not in ("ours", "agentgym"):
+            raise ValueError(f"unknown BabyAI parser {parser!r}; choose 'ours' or 'agentgym'")
+        self.parser = parser              # "agentgym": the text after the first `Action:`, as the original client
         self.list_actions = list_actions  # append the available actions to every observation (original)
         self.instruction = BRIEF_INSTRUCTION if brief else INSTRUCTION
         self.success = False
@@ -304,7 +313,7 @@ class BabyAI:
     def step(self, text: str) -> tuple[str, float, bool]:
         if self.env is None or self.done:
             return "The episode is over. Start a new one with reset().", self.reward, True
-        action, error = parse_action(text)
+        action, error = (agentgym_action if self.parser == "agentgym" else parse_action)(text)
         if error:
             return self._render(error), self.reward, False
         action = normalise(action)

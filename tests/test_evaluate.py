@@ -229,6 +229,37 @@ def test_searchqa_run(tmp_path):
     assert "exact" in json.loads((tmp_path / "results.json").read_text())["reward_scale"]
 
 
+def test_agentgym_tasks_file_and_framing_run(tmp_path, in_process):
+    """Paper mode end to end: AgentGym's ids from a file are played as given, in AgentGym's framing."""
+    tasks = tmp_path / "babyai_test.json"
+    tasks.write_text(json.dumps([{"item_id": "babyai_93"}, {"item_id": "babyai_5"}]))
+    in_process(["--env", "babyai", *FAST, "--tasks-file", str(tasks), "--prompt-style", "agentgym",
+                "--turns", "2", "--out", str(tmp_path / "out")])
+    rows = check_outputs(tmp_path / "out", [2], tasks=2, k=1)
+    assert [r["task_id"] for r in rows] == [93, 5] and [r["subtask"] for r in rows] == ["Open", "GoTo"]
+    first = rows[0]["messages"]
+    assert [m["role"] for m in first[:4]] == ["user", "assistant", "user", "assistant"]
+    assert first[1]["content"].startswith("OK. I'll follow your instructions")
+    assert first[2]["content"].startswith("Your goal: ")
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["prompt_style"] == "agentgym"
+
+
+def test_search_datasets_are_reported_one_row_each(tmp_path, in_process):
+    """Questions carry their dataset in `data_source`; the table has a row per dataset, as the paper's."""
+    corpus = tmp_path / "wiki.jsonl"
+    corpus.write_text(json.dumps({"id": "0", "contents": '"Zorbland"\nZorbland is an island.'}) + "\n")
+    test = tmp_path / "test.jsonl"
+    test.write_text("".join(json.dumps({"id": str(i), "question": f"Question {i}?", "golden_answers": ["x"],
+                                        "data_source": source}) + "\n"
+                            for i, source in enumerate(["nq", "hotpotqa", "nq"])))
+    options = json.dumps({"qa_test": str(test), "corpus": str(corpus)})
+    in_process(["--env", "searchqa", "--env-options", options, *FAST, "--turns", "1", "--out", str(tmp_path / "out")])
+    result = json.loads((tmp_path / "out" / "results.json").read_text())["budgets"]["1"]
+    assert {name: row["tasks"] for name, row in result["subtasks"].items()} == {"hotpotqa": 1, "nq": 2}
+    assert "| 1 | nq | 2 |" in (tmp_path / "out" / "results.md").read_text()
+
+
 @pytest.fixture
 def in_process(monkeypatch):
     """evaluate.main() in this process: setup_distributed writes these variables; restore them after."""

@@ -93,7 +93,7 @@ def test_whitening_with_split_reductions_equals_whole_batch(dtype):
 def loop_reference(name, rewards, mask, gids, values=None, token_kl=None, gamma=1.0, lam=1.0, kl_coef=0.0,
                    eps=1e-6):
     """Every estimator written out per row and per token with Python floats (float64), from the
-    definitions in DESIGN.md, sharing no code with algorithms.py."""
+    definitions in the README ("The algorithm, step by step"), sharing no code with algorithms.py."""
     B, T = mask.shape
     r = [float(v) for v in rewards]
     m = [[bool(mask[i, t]) for t in range(T)] for i in range(B)]

@@ -147,3 +147,42 @@ def test_flashrag_and_wiki_loaders(tmp_path):
     assert again.index is not env.index and again.tasks("test") == []
     again.reset(0)
     assert again.step("<search>Blue Fair annual</search>")[0] == obs
+
+
+PASSAGES = [("Zorbland", "Zorbland is a fictional island whose capital is Quaxville."),
+            ("Quaxville", "Quaxville is the capital of Zorbland and hosts the Blue Fair."),
+            ("Blue Fair", "The Blue Fair is an annual fair held in Quaxville since 1887."),
+            ("Moonfish", "The moonfish is a fish that sings at night in the Grey Sea.")]
+
+
+def test_dense_retriever_with_the_tiny_encoder(tmp_path):
+    """Dense retrieval with a user-supplied encoder (the tiny model, random weights): a passage's own
+    text is its own nearest neighbour (cosine 1); a saved index gives the same answers; a wrong-sized
+    index is refused; the env serves dense results in Search-R1's format."""
+    import torch
+
+    from envs.retrieval import Dense
+
+    contents = [f'"{t}"\n{x}' for t, x in PASSAGES]
+    dense = Dense(contents, "tiny", query_prefix="", passage_prefix="")
+    assert dense.matrix.shape[0] == 4 and torch.allclose(dense.matrix.norm(dim=1), torch.ones(4))
+    for i, c in enumerate(contents):
+        assert dense.search(c, 2)[0] == i
+    assert len(dense.search("anything at all", 10)) == 4 and dense.search("   ", 3) == []
+    torch.save(dense.matrix, tmp_path / "index.pt")
+    again = Dense(contents, "tiny", index=str(tmp_path / "index.pt"), query_prefix="")
+    assert [again.search(c, 3) for c in contents] == [dense.search(c, 3) for c in contents]
+    torch.save(dense.matrix[:3], tmp_path / "short.pt")
+    with pytest.raises(ValueError, match="one row per passage"):
+        Dense(contents, "tiny", index=str(tmp_path / "short.pt"))
+
+    corpus = tmp_path / "wiki.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "contents": c}) + "\n" for i, c in enumerate(contents)))
+    env = make("searchqa", corpus=str(corpus), retriever="dense", encoder="tiny", query_prefix="", passage_prefix="")
+    env.reset(0)
+    obs, reward, done = env.step(f"<search>{contents[2]}</search>")
+    assert obs.startswith('<information>Doc 1(Title: "Blue Fair") The Blue Fair is an annual fair') and not done
+    with pytest.raises(ValueError, match="needs an encoder"):
+        make("searchqa", retriever="dense")
+    with pytest.raises(ValueError, match="unknown retriever"):
+        make("searchqa", retriever="e5")

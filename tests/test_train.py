@@ -131,3 +131,17 @@ def test_plain_python_runs_the_same_code_as_one_rank(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = metrics(tmp_path)
     assert row["turns"] == 2 and (tmp_path / "checkpoints" / "latest").exists()
+
+
+def test_agentgym_tasks_file_and_framing_train_one_step(tmp_path):
+    """Paper mode through train.py: the tasks file replaces the train split, AgentGym's framing opens
+    every episode (one process, the transformers engine: the wiring, not learning)."""
+    tasks = tmp_path / "babyai_train.json"
+    tasks.write_text(json.dumps([{"item_id": "babyai_93"}, {"item_id": "babyai_5"}, "babyai_7"]))
+    cmd = [sys.executable, "train.py", "--env", "babyai", "--tasks-file", str(tasks), "--prompt-style", "agentgym",
+           "--steps", "1", "--engine", "hf", "--tasks-per-step", "2", "--samples-per-task", "2", "--max-tokens", "8",
+           "--horizon", "2", "--out", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"training on the 3 tasks of {tasks}" in proc.stdout
+    assert len(metrics(tmp_path / "run")) == 1
