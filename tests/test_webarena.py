@@ -276,14 +276,14 @@ Tab 0: Projects · Dashboard · GitLab | Tab 1 (current): New Issue · byteblaze
 [{b}] RootWebArea 'New Issue · byteblaze/dotfiles · GitLab' focused: True
 \t[{b2}] link 'Projects'
 \t[{b3}] searchbox 'Search GitLab' required: False
-\t[{b4}] heading 'New Issue'
-\t[{b5}] textbox 'Title' required: True
-\t\t[{b6}] StaticText "Fix the build's cache"
-\t[{b7}] textbox 'Description' required: False
-\t[{b8}] button 'Create issue'
+\t[{b5}] heading 'New Issue'
+\t[{b6}] textbox 'Title' required: True
+\t\t[{b7}] StaticText "Fix the build's cache"
+\t[{b8}] textbox 'Description' required: False
+\t[{b10}] button 'Create issue'
 URL: http://gitlab.com/byteblaze/dotfiles/-/issues/new
 OBJECTIVE: {objective}
-PREVIOUS ACTION: type [{b5}] [Fix the build's cache] [0] where [{b5}] is textbox 'Title' required: True"""
+PREVIOUS ACTION: type [{b6}] [Fix the build's cache] [0] where [{b6}] is textbox 'Title' required: True"""
 
 
 def test_rendered_page_line_by_line(env):
@@ -293,9 +293,10 @@ def test_rendered_page_line_by_line(env):
     assert obs.startswith("OBSERVATION:\nTab 0: Projects · Dashboard · GitLab | Tab 1 (current): \n\n[")
     obs = env.step("```goto [gitlab.com/byteblaze/dotfiles/-/issues/new]```")[0]
     base = int(re.search(r"\[(\d+)\] RootWebArea", obs)[1])
-    obs = env.step(f"```type [{base + 5}] [Fix the build's cache] [0]```")[0]
-    # ids: root, banner (unnamed, hidden), link, searchbox, heading, textbox, its value, textbox, button
-    ids = {"b": base, **{f"b{k}": base + k for k in range(2, 9)}}
+    obs = env.step(f"```type [{base + 6}] [Fix the build's cache] [0]```")[0]
+    # ids: root, banner (unnamed, hidden), link, searchbox, its (empty) value, heading, textbox, its value,
+    # textbox, its (empty) value, button: a text box reserves an id for its value, typed or not
+    ids = {"b": base, **{f"b{k}": base + k for k in range(2, 11)}}
     expected = EXPECTED.format(objective=env.task_list[t].objective, **ids).splitlines()
     assert obs.splitlines() == expected
     obs = env.step("```tab_focus [0]```")[0]

@@ -103,6 +103,30 @@ _SKIPPED = {"generic", "img", "list", "strong", "paragraph", "banner", "navigati
             "Legend", "listitem"}
 
 
+def walk(title: str, body: list[Node], base: int):
+    """(id, node, depth, value_id) of every node, root first, depth-first: the one numbering that the
+    text renderer and the HTML server (server.py) share, so both backends show the same ids.
+
+    A text box or search box also reserves the next id for its value (a StaticText child, as in
+    Chrome's tree) even while it is empty: typing must not shift the ids of the elements after it,
+    since in a browser the DOM does not change while one types. Other nodes have value_id None.
+    """
+    counter = [base]
+
+    def visit(node: Node, depth: int):
+        node_id = counter[0]
+        counter[0] += 1
+        value_id = None
+        if node.role in ("textbox", "searchbox"):
+            value_id = counter[0]
+            counter[0] += 1
+        yield node_id, node, depth, value_id
+        for child in node.children:
+            yield from visit(child, depth + 1)
+
+    yield from visit(Node("RootWebArea", title, body, props={"focused": True}), 0)
+
+
 def render(title: str, body: list[Node], base: int,
            values: dict[str, str]) -> tuple[list[tuple[int, str]], dict[int, Node]]:
     """(id, line) pairs of the accessibility tree, root first, and the node behind each shown id.
@@ -112,15 +136,8 @@ def render(title: str, body: list[Node], base: int,
     """
     lines: list[tuple[int, str]] = []
     nodes: dict[int, Node] = {}
-    counter = [base]
 
-    def visit(node: Node, depth: int) -> None:
-        node_id = counter[0]
-        counter[0] += 1
-        props = dict(node.props)
-        current = values.get(node.field, node.value) if node.field else ""
-        if node.role == "checkbox":
-            props["checked"] = current
+    def emit(node_id: int, node: Node, depth: int, props: dict) -> bool:
         shown = not (node.role in _SKIPPED and not node.name.strip() and not props)
         if node.role == "StaticText" and (not node.name or any(node.name in line for _, line in lines[-3:])):
             shown = False
@@ -128,12 +145,21 @@ def render(title: str, body: list[Node], base: int,
             extra = "".join(f" {k}: {v}" for k, v in props.items())
             lines.append((node_id, "\t" * depth + f"[{node_id}] {node.role} {node.name!r}{extra}"))
             nodes[node_id] = node
-        if node.role in ("textbox", "searchbox") and current:
-            visit(text(current), depth + 1)
-        for child in node.children:
-            visit(child, depth + 1 if shown else depth)
+        return shown
 
-    visit(Node("RootWebArea", title, body, props={"focused": True}), 0)
+    hidden: list[int] = []  # tree depths of the hidden ancestors of the current node
+    for node_id, node, depth, value_id in walk(title, body, base):
+        while hidden and hidden[-1] >= depth:
+            hidden.pop()
+        shown_depth = depth - len(hidden)
+        props = dict(node.props)
+        current = values.get(node.field, node.value) if node.field else ""
+        if node.role == "checkbox":
+            props["checked"] = current
+        if not emit(node_id, node, shown_depth, props):
+            hidden.append(depth)
+        elif value_id is not None and current:
+            emit(value_id, text(current), shown_depth + 1, {})
     return lines, nodes
 
 
