@@ -18,20 +18,31 @@ after normalisation, e.g. `$1,234.50` == `1234.5`), nav (the URL when stopping m
 and path, the target's query parameters present) and state (a program checks the sites' data, e.g.
 an order was placed or an issue closed). Reward is 1 or 0 on `stop`, which ends the episode.
 
-Departures from WebArena: the sites are small Python simulations, not the docker images; data and
-tasks are generated (a few hundred tasks, about 35 templates) instead of the 812 human-written ones;
-there is no LLM-judged fuzzy match; `type` replaces a field's text instead of appending to it; and
-no site is ever fetched (a URL outside the simulated hosts gets an error page).
-Test: `python -m pytest tests/test_webarena.py`.
+Two backends show the same sites (`backend` option): "text" (default, envs/websites/textview.py)
+renders the node trees in Python, about a millisecond a step, for CPU training; "browser"
+(envs/browser.py) serves the sites as web apps on 127.0.0.1 ports (envs/websites/server.py) and reads
+Chromium's accessibility tree, as WebArena does. On the same task the same actions give the same
+rewards and the same ids, roles and names (tests/test_browser.py).
+
+The real WebArena: `configs` (a directory of WebArena task configs, or one JSON list of them) and `sites`
+(each site's URL) load those tasks instead, in the browser, scored by WebArena's own evaluators
+(envs/webarena_configs.py): `--env-options '{"configs": "config_files", "sites": {"shopping":
+"http://host:7770", ...}, "auth_dir": ".auth"}'`.
+
+Departures from WebArena: the local sites are small Python simulations, not the docker images; data
+and tasks are generated (a few hundred tasks, about 35 templates) instead of the 812 human-written
+ones; `type` replaces a field's text instead of appending to it; with the text backend no site is ever
+fetched (a URL outside the simulated hosts gets an error page).
+Test: `python -m pytest tests/test_webarena.py tests/test_browser.py tests/test_webarena_configs.py`.
 """
 from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass, field
 
 from .websites import build_world, make_sites, make_tasks
-from .websites.page import Node, heading, id_base, link, parse_url, render, text, url, url_matches
+from .websites.page import parse_url, url_matches
+from .websites.textview import TextView
 
 INSTRUCTION = """You are an autonomous agent that operates a web browser to complete web-based tasks. You act by issuing specific actions.
 
@@ -75,10 +86,9 @@ HELP = ("Put exactly one action inside a pair of ``` and its arguments inside []
         "tab_focus [tab_index], close_tab, goto [url], go_back, go_forward, stop [answer].")
 _BLOCK = re.compile(r"```(.*?)```", re.DOTALL)
 _MODIFIERS = {"ctrl", "control", "alt", "shift", "meta", "cmd", "command"}
-_KEYS = {k.lower(): k for k in ["Enter", "Tab", "Escape", "Backspace", "Delete", "Space", "Home", "End", "PageUp",
-                                "PageDown", "ArrowUp", "ArrowDown", "ArrowLeft", "ArrowRight", "Left", "Right"]}
+_KEYS = {k.lower() for k in ["Enter", "Tab", "Escape", "Backspace", "Delete", "Space", "Home", "End", "PageUp",
+                             "PageDown", "ArrowUp", "ArrowDown", "ArrowLeft", "ArrowRight", "Left", "Right"]}
 _MAX_ACTION_CHARS = 2000  # a 10k-character `type` is a degenerate reply, not a web action
-_MAX_TABS = 10  # every observation lists each tab's title, so tabs cost a page render each
 
 
 def normalize(answer: str) -> str:
@@ -88,29 +98,91 @@ def normalize(answer: str) -> str:
     return str(float(number)) if re.fullmatch(r"-?\d+(\.\d+)?", number) else s
 
 
-@dataclass
-class Tab:
-    history: list[str]
-    index: int = 0
-    scroll: int = 0                                   # which viewport window is shown
-    values: dict[str, str] = field(default_factory=dict)  # form fields typed/toggled on this page
-    focus: str = ""                                   # field of the focused text box (for press [Enter])
-    flash: str = ""                                   # the site's message after a form submission
 
-    @property
-    def url(self) -> str:
-        return self.history[self.index]
+def parse(action: str) -> tuple[str, tuple] | str:
+    """(name, arguments) of one action in WebArena's grammar, or what is wrong with it."""
+    if not action:
+        return "the ``` block is empty"
+    if len(action) > _MAX_ACTION_CHARS:
+        return f"longer than {_MAX_ACTION_CHARS} characters"
+    name = (action.split("[")[0] if "[" in action else action.split()[0]).strip().lower()
+    if name in ("click", "hover", "type"):
+        if name == "type" and not re.search(r"\[[01]\]\s*$", action):
+            action += " [1]"  # as WebArena: Enter is pressed unless told otherwise
+        pattern = r"type ?\[(\d+)\] ?\[(.+)\] ?\[([01])\]\s*$" if name == "type" else rf"{name} ?\[(\d+)\]"
+        m = re.search(pattern, action, re.IGNORECASE)
+        if m is None:
+            form = "type [id] [text] [0|1]" if name == "type" else f"{name} [id]"
+            return f"write it as {form} with a number as id"
+        return (name, (int(m[1]), m[2], m[3] == "1")) if name == "type" else (name, (int(m[1]),))
+    if name == "press":
+        m = re.search(r"press ?\[(.+)\]", action, re.IGNORECASE)
+        if m is None:
+            return "write it as press [key_comb]"
+        combo = m[1].strip()
+        *mods, key = combo.split("+") if combo != "+" else ["+"]
+        if any(x.strip().lower() not in _MODIFIERS for x in mods) or not (len(key) == 1 or key.lower() in _KEYS):
+            return (f"unknown key combination {combo[:50]!r}. Use key names such as Enter, Tab, PageDown, ArrowLeft, "
+                    "or single characters, joined by + with Ctrl, Alt, Shift or Meta")
+        return name, (combo,)
+    if name == "scroll":
+        m = re.search(r"scroll ?\[?(up|down)\]?", action, re.IGNORECASE)
+        return ("scroll", (m[1].lower(),)) if m else "write it as scroll [down] or scroll [up]"
+    if name == "goto":
+        m = re.search(r"goto ?\[(.+)\]", action, re.IGNORECASE)
+        if m is None:
+            return "write it as goto [url]"
+        address = m[1].strip()
+        address = address if address == "about:blank" or "://" in address else "http://" + address
+        try:
+            parse_url(address)
+        except ValueError as error:  # urllib rejects e.g. a malformed IPv6 host
+            return f"the URL cannot be parsed ({error})"
+        return "go", (address,)
+    if name == "tab_focus":
+        m = re.search(r"tab_focus ?\[(\d+)\]", action, re.IGNORECASE)
+        return ("tab_focus", (int(m[1]),)) if m else "give the index of an open tab as tab_focus [i]"
+    if name == "stop":
+        m = re.search(r"stop ?\[(.*)\]", action, re.IGNORECASE | re.DOTALL)
+        return "stop", (m[1].strip() if m else "",)
+    if name in ("new_tab", "close_tab", "go_back", "go_forward"):
+        return name, ()
+    return f"unknown action {name[:30]!r}"
 
 
 class WebArena:
-    """Simulated WebArena. Options: seed (sites and tasks), viewport_lines, per_template, test_every."""
+    """WebArena's text interface on the local sites, or on the real ones.
+
+    Options: seed (sites and tasks), viewport_lines (text backend), per_template, test_every; backend
+    ("text" or "browser"), width, height, viewport_only (browser); configs, sites, auth_dir, judge,
+    skip_fuzzy (real WebArena tasks, envs/webarena_configs.py).
+    """
 
     instruction = INSTRUCTION
 
-    def __init__(self, seed: int = 0, viewport_lines: int = 50, per_template: int = 8, test_every: int = 5):
-        self.world0 = build_world(seed)  # pristine data; every episode plays on a deep copy
-        self.task_list = make_tasks(self.world0, seed, per_template)
-        self.viewport, self.test_every = viewport_lines, test_every
+    def __init__(self, seed: int = 0, viewport_lines: int = 50, per_template: int = 8, test_every: int = 5,
+                 backend: str = "text", width: int = 1280, height: int = 720, viewport_only: bool = True,
+                 configs: str | None = None, sites: dict[str, str] | None = None, auth_dir: str | None = None,
+                 judge: str | None = None, skip_fuzzy: bool = False):
+        if backend not in ("text", "browser"):
+            raise ValueError(f"unknown backend {backend!r}; choose 'text' (fast, Python) or 'browser' (Chromium)")
+        self.viewport, self.test_every, self.backend = viewport_lines, test_every, backend
+        self.configs = None
+        if configs is not None:  # the real WebArena: its task configs, its sites, always in the browser
+            from . import webarena_configs
+            self.configs = webarena_configs.load(configs, sites or {}, auth_dir, judge, skip_fuzzy)
+            self.task_list, self.backend = self.configs.tasks, "browser"
+            to_local, to_public = self.configs.to_local, self.configs.to_public
+        else:
+            self.world0 = build_world(seed)  # pristine data; every episode plays on a deep copy
+            self.task_list = make_tasks(self.world0, seed, per_template)
+        if self.backend == "browser":
+            from . import browser
+            if self.configs is None:
+                from .websites import server
+                self.server = server.shared()
+                to_local, to_public = self.server.to_local, self.server.to_public
+            self.view = browser.Session(None, width, height, viewport_only, to_local, to_public)
         self.task = None
         self.success = self.done = False
 
@@ -118,6 +190,8 @@ class WebArena:
     def tasks(self, split: str) -> list[int]:
         if split not in ("train", "test"):
             raise ValueError(f"unknown split {split!r}; choose 'train' or 'test'")
+        if self.configs is not None:  # a directory of WebArena configs is one evaluation set
+            return list(range(len(self.task_list)))
         return [i for i in range(len(self.task_list)) if (i % self.test_every == 0) == (split == "test")]
 
     def subtask(self, task_id: int) -> str:
@@ -125,11 +199,19 @@ class WebArena:
 
     def reset(self, task_id: int) -> str:
         self.task = self.task_list[task_id]
-        self.world = copy.deepcopy(self.world0)
-        self.sites = make_sites(self.world)
-        self.tabs, self.current = [Tab([self.task.start_url])], 0
         self.success = self.done = False
-        self.previous = "None"
+        self.previous, self.reward = "None", 0.0
+        if self.configs is not None:
+            self.view.open(self.task.start_url, storage_state=self.configs.storage_state(self.task))
+        elif self.backend == "text":
+            self.world = copy.deepcopy(self.world0)
+            self.view = TextView(make_sites(self.world), self.viewport)
+            self.view.open(self.task.start_url)
+        else:
+            self.world = copy.deepcopy(self.world0)
+            key = f"{id(self):x}"  # this env's world on the shared server, chosen by a cookie
+            self.server.open_world(key, self.world)
+            self.view.open(self.task.start_url, cookies=[{"name": "wa_world", "value": key, "url": "http://127.0.0.1"}])
         return self.observe()
 
     def step(self, text: str) -> tuple[str, float, bool]:
@@ -145,181 +227,56 @@ class WebArena:
             self.previous = self._execute(match[1].strip())
         if self.done:
             verdict = "passed" if self.success else "did not pass"
-            return f"{self.previous}\nThe episode is over: the task check {verdict}.", float(self.success), True
+            return f"{self.previous}\nThe episode is over: the task check {verdict}.", self.reward, True
         return self.observe(), 0.0, False
 
     def close(self) -> None:
         self.task = None
-
-    # ------------------------------------------------------------------ pages
-    def _page(self, address: str) -> tuple[str, list[Node]]:
-        if address == "about:blank":
-            return "", []
-        host, path, query = parse_url(address)
-        site = self.sites.get(host)
-        if site is None:
-            reachable = ", ".join(url(h) for h in self.sites)
-            return host or address, [heading("This site can't be reached"),
-                                     text(f"The server of {host or address!r} could not be found. "
-                                          f"Reachable sites: {reachable}.")]
-        page = site.page(path, query)
-        if page is None:
-            return "404 Not Found", [heading("404: Page Not Found"), text(f"There is no page at {path} on {host}."),
-                                     link("Go to the homepage", "http://homepage.com")]
-        return page
-
-    def _render(self, tab: Tab) -> tuple[dict[int, str], dict[int, Node], list[int]]:
-        """The line of each id, the node of each id, and the ids shown in the current viewport window."""
-        title, body = self._page(tab.url)
-        if tab.flash:
-            body = [Node("alert", tab.flash)] + body
-        lines, nodes = render(title, body, id_base(tab.url), tab.values)
-        windows = max(1, -(-(len(lines) - 1) // self.viewport))
-        tab.scroll = max(0, min(tab.scroll, windows - 1))
-        start = 1 + tab.scroll * self.viewport
-        shown = [lines[0][0]] + [i for i, _ in lines[start:start + self.viewport]]
-        return dict(lines), nodes, shown
+        if self.backend == "browser":
+            self.view.close()
+            if self.configs is None:
+                self.server.close_world(f"{id(self):x}")
 
     def observe(self) -> str:
-        tab = self.tabs[self.current]
-        lines, _, shown = self._render(tab)
-        titles = [f"Tab {i}{' (current)' if i == self.current else ''}: {self._page(t.url)[0]}"
-                  for i, t in enumerate(self.tabs)]
-        tree = "\n".join(lines[i] for i in shown)
-        return (f"OBSERVATION:\n{' | '.join(titles)}\n\n{tree}\nURL: {tab.url}\n"
+        tabs, tree, address = self.view.observe()
+        return (f"OBSERVATION:\n{tabs}\n\n{tree}\nURL: {address}\n"
                 f"OBJECTIVE: {self.task.objective}\nPREVIOUS ACTION: {self.previous}")
-
-    def _navigate(self, tab: Tab, address: str, flash: str = "") -> None:
-        if address != tab.url:
-            del tab.history[tab.index + 1:]
-            tab.history.append(address)
-            tab.index += 1
-        tab.scroll, tab.values, tab.focus, tab.flash = 0, {}, "", flash
-
-    def _submit(self, tab: Tab, node: Node, nodes: dict[int, Node]) -> None:
-        values = {n.field: n.value for n in nodes.values() if n.field}
-        values.update(tab.values)
-        self._navigate(tab, *node.handler(values))
 
     # ------------------------------------------------------------------ actions
     def _execute(self, action: str) -> str:
         """Run one action; return the PREVIOUS ACTION text (its description, or what was wrong)."""
-        def invalid(why: str) -> str:
-            return f"Invalid action {action[:100]!r}: {why}. {HELP}"
-        if not action:
-            return invalid("the ``` block is empty")
-        if len(action) > _MAX_ACTION_CHARS:
-            return invalid(f"longer than {_MAX_ACTION_CHARS} characters")
-        name = (action.split("[")[0] if "[" in action else action.split()[0]).strip().lower()
-        tab = self.tabs[self.current]
+        parsed = parse(action)
+        if isinstance(parsed, str):
+            return f"Invalid action {action[:100]!r}: {parsed}. {HELP}"
+        name, args = parsed
+        if name == "stop":
+            self.reward = self._evaluate(args[0])
+            self.success, self.done = self.reward == 1.0, True
+            return f"stop [{args[0][:200]}]"
         if name in ("click", "hover", "type"):
-            if name == "type" and not re.search(r"\[[01]\]\s*$", action):
-                action += " [1]"  # as WebArena: Enter is pressed unless told otherwise
-            pattern = r"type ?\[(\d+)\] ?\[(.+)\] ?\[([01])\]\s*$" if name == "type" else rf"{name} ?\[(\d+)\]"
-            m = re.search(pattern, action, re.IGNORECASE)
-            if m is None:
-                form = "type [id] [text] [0|1]" if name == "type" else f"{name} [id]"
-                return invalid(f"write it as {form} with a number as id")
-            lines, nodes, shown = self._render(tab)
-            eid = int(m[1])
-            if eid not in shown:
+            eid = args[0]
+            content = self.view.describe(eid)
+            if content is None:
                 return (f'Attempt to perform "{name}" on element "[{eid}]" but no matching element was found in the '
                         "current view. Check the ids in the observation; scroll to see other parts of the page.")
-            node, content = nodes[eid], lines[eid].strip().split(" ", 1)[1]
-            if name == "type":
-                if node.role not in ("textbox", "searchbox"):
-                    return (f"Attempt to type into [{eid}], which is {content}; only a textbox or searchbox "
-                            "accepts text.")
-                tab.values[node.field], tab.focus = m[2], node.field
-                if m[3] == "1" and node.handler:
-                    self._submit(tab, node, nodes)
-                return f"type [{eid}] [{m[2][:100]}] [{m[3]}] where [{eid}] is {content}"
-            if name == "click":
-                if node.role == "link" and node.href:
-                    self._navigate(tab, node.href)
-                elif node.role == "button" and node.handler:
-                    self._submit(tab, node, nodes)
-                elif node.role == "checkbox":
-                    tab.values[node.field] = "false" if tab.values.get(node.field, node.value) == "true" else "true"
-                elif node.role in ("textbox", "searchbox"):
-                    tab.focus = node.field
-            return f"{name} [{eid}] where [{eid}] is {content}"
-        if name == "press":
-            m = re.search(r"press ?\[(.+)\]", action, re.IGNORECASE)
-            return invalid("write it as press [key_comb]") if m is None else self._press(tab, m[1].strip())
-        if name == "scroll":
-            m = re.search(r"scroll ?\[?(up|down)\]?", action, re.IGNORECASE)
-            if m is None:
-                return invalid("write it as scroll [down] or scroll [up]")
-            tab.scroll += 1 if m[1].lower() == "down" else -1
-            self._render(tab)  # clamps the window to the page
-            return f"scroll [{m[1].lower()}]"
-        if name == "goto":
-            m = re.search(r"goto ?\[(.+)\]", action, re.IGNORECASE)
-            if m is None:
-                return invalid("write it as goto [url]")
-            address = m[1].strip()
-            address = address if address == "about:blank" or "://" in address else "http://" + address
-            try:
-                parse_url(address)
-            except ValueError as error:  # urllib rejects e.g. a malformed IPv6 host
-                return invalid(f"the URL cannot be parsed ({error})")
-            self._navigate(tab, address)
-            return f"goto [{address}]"
-        if name == "new_tab":
-            if len(self.tabs) >= _MAX_TABS:
-                return invalid(f"at most {_MAX_TABS} tabs can be open; close_tab first")
-            self.tabs.append(Tab(["about:blank"]))
-            self.current = len(self.tabs) - 1
-            return "new_tab"
-        if name == "tab_focus":
-            m = re.search(r"tab_focus ?\[(\d+)\]", action, re.IGNORECASE)
-            if m is None or int(m[1]) >= len(self.tabs):
-                return invalid(f"give the index of an open tab, from 0 to {len(self.tabs) - 1}")
-            self.current = int(m[1])
-            return f"tab_focus [{self.current}]"
-        if name == "close_tab":
-            del self.tabs[self.current]
-            self.tabs = self.tabs or [Tab(["about:blank"])]  # as a browser: closing the last tab leaves a blank one
-            self.current = len(self.tabs) - 1
-            return "close_tab"
-        if name in ("go_back", "go_forward"):
-            step = -1 if name == "go_back" else 1
-            if not 0 <= tab.index + step < len(tab.history):
-                return f"{name} (there is no {'previous' if step < 0 else 'next'} page in this tab)"
-            tab.index += step
-            tab.scroll, tab.values, tab.focus, tab.flash = 0, {}, "", ""
-            return name
-        if name == "stop":
-            m = re.search(r"stop ?\[(.*)\]", action, re.IGNORECASE | re.DOTALL)
-            answer = m[1].strip() if m else ""
-            self.success, self.done = self._evaluate(answer), True
-            return f"stop [{answer[:200]}]"
-        return invalid(f"unknown action {name[:30]!r}")
+            if name == "type" and content.split(" ", 1)[0] not in ("textbox", "searchbox", "combobox"):
+                return f"Attempt to type into [{eid}], which is {content}; only a textbox or searchbox accepts text."
+            said = (f"type [{eid}] [{args[1][:100]}] [{int(args[2])}]" if name == "type" else f"{name} [{eid}]") + \
+                f" where [{eid}] is {content}"
+        else:
+            verb = "goto" if name == "go" else name
+            said = f"{verb} [{args[0]}]" if args else name
+        error = self.view.call(name, *args)
+        if error and name in ("new_tab", "tab_focus"):
+            return f"Invalid action {action[:100]!r}: {error}. {HELP}"
+        return f"{said} ({error})" if error else said
 
-    def _press(self, tab: Tab, combo: str) -> str:
-        *mods, key = combo.split("+") if combo != "+" else ["+"]
-        if any(m.strip().lower() not in _MODIFIERS for m in mods) or not (len(key) == 1 or key.lower() in _KEYS):
-            return (f"Invalid action: unknown key combination {combo[:50]!r}. Use key names such as Enter, Tab, "
-                    f"PageDown, ArrowLeft, or single characters, joined by + with Ctrl, Alt, Shift or Meta. {HELP}")
-        key = _KEYS.get(key.lower(), key)
-        mods = sorted(m.strip().lower() for m in mods)
-        if key == "Enter" and not mods and tab.focus:
-            lines, nodes, _ = self._render(tab)
-            node = next((n for n in nodes.values() if n.field == tab.focus and n.handler), None)
-            if node is not None:
-                self._submit(tab, node, nodes)
-        elif key in ("PageDown", "PageUp") and not mods:
-            tab.scroll += 1 if key == "PageDown" else -1
-            self._render(tab)
-        elif mods == ["alt"] and key in ("ArrowLeft", "Left", "ArrowRight", "Right"):
-            return self._execute("go_back" if "Left" in key else "go_forward")
-        return f"press [{combo}]"
-
-    def _evaluate(self, answer: str) -> bool:
+    def _evaluate(self, answer: str) -> float:
         task = self.task
+        if self.configs is not None:
+            return self.configs.evaluate(task, answer, self.view)
         if task.kind == "info":
-            return any(normalize(answer) == normalize(a) for a in task.answers)
+            return float(any(normalize(answer) == normalize(a) for a in task.answers))
         if task.kind == "nav":
-            return url_matches(self.tabs[self.current].url, task.url)
-        return bool(task.check(self.world))
+            return float(url_matches(self.view.url(), task.url))
+        return float(bool(task.check(self.world)))

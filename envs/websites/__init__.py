@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 from . import admin, forum, gitlab, shop
-from .page import Node, Task, group, heading, link, text, url
+from .page import Node, Task, group, heading, link, parse_url, text, url
 
 HOME = "homepage.com"
 
@@ -29,6 +29,24 @@ class Homepage:
                  ("Postmill (forum)", url(forum.HOST)), ("GitLab (git host)", url(gitlab.HOST))]
         return "Homepage", [heading("Welcome to the homepage")] + [
             group("listitem", "", link(name, href), text(href)) for name, href in sites]
+
+
+def page_at(sites: dict[str, object], address: str) -> tuple[str, list[Node]]:
+    """(title, nodes) of any address: a site's page, its 404 page, or the unreachable-site page."""
+    if address == "about:blank":
+        return "", []
+    host, path, query = parse_url(address)
+    site = sites.get(host)
+    if site is None:
+        reachable = ", ".join(url(h) for h in sites)
+        return host or address, [heading("This site can't be reached"),
+                                 text(f"The server of {host or address!r} could not be found. "
+                                      f"Reachable sites: {reachable}.")]
+    page = site.page(path, query)
+    if page is None:
+        return "404 Not Found", [heading("404: Page Not Found"), text(f"There is no page at {path} on {host}."),
+                                 link("Go to the homepage", url(HOME))]
+    return page
 
 
 def build_world(seed: int) -> dict:
@@ -52,4 +70,4 @@ def make_tasks(world: dict, seed: int, per_template: int = 8) -> list[Task]:
     return unique
 
 
-__all__ = ["Node", "Task", "build_world", "make_sites", "make_tasks"]
+__all__ = ["Node", "Task", "build_world", "make_sites", "make_tasks", "page_at"]

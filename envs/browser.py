@@ -1,0 +1,360 @@
+"""A headless Chromium shared by many environments, seen and driven the way WebArena does it.
+
+`Browser` is one Chromium process (Debian's `chromium`, driven by Playwright through
+`executable_path`), shared by every environment of the process; each environment owns a `Session`,
+one browser context (its own cookies and tabs), so 16-32 concurrent episodes cost one browser. Playwright
+runs on a private event-loop thread and the sessions call into it, so envs stepped from a thread pool
+(rollout.py) share the browser safely. A browser that died (killed, crashed) is launched again at the
+next `Session.open` (the env's reset); a step on a dead browser returns an error text instead.
+
+The observation is WebArena's (`TextObervationProcessor`): the CDP accessibility tree
+(`Accessibility.getFullAXTree`), one `[id] role 'name'` line per node with its properties appended
+(minus WebArena's ignored ones), indented by depth; a node without a name, an unnamed generic-like node
+and a StaticText already shown in the three lines above are left out (their children move up); with
+`viewport_only`, so is a node less than 60% inside the viewport. Node boxes come from one
+`DOMSnapshot.captureSnapshot` call instead of WebArena's two CDP calls per node. Ids are the DOM node
+ids, as in WebArena, except on the local sites, whose elements carry the text renderer's id
+(`data-wa-id`, envs/websites/server.py), so both backends show the same ids.
+Actions take an id from the last observation: click, hover, type (click, select all, type, Enter),
+press, scroll (one viewport), tabs, goto, go_back / go_forward. Each returns "" or what went wrong.
+Departures: `type` replaces the field's text (WebArena appends), as the text renderer does; Chrome's
+`url` property of the root is left out (newer Chrome than WebArena's; the URL line has it).
+Tested through tests/test_browser.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import threading
+from typing import Callable
+
+from playwright.async_api import Error as PlaywrightError
+from playwright.async_api import async_playwright
+
+IGNORED = {"focusable", "editable", "readonly", "level", "settable", "multiline", "invalid", "url"}
+UNNAMED_HIDDEN = {"generic", "img", "list", "strong", "paragraph", "banner", "navigation", "Section", "LabelText",
+                  "Legend", "listitem"}
+IN_VIEW = 0.6  # WebArena's IN_VIEWPORT_RATIO_THRESHOLD
+MAX_TABS = 10
+_MODIFIERS = {"ctrl": "Control", "control": "Control", "alt": "Alt", "shift": "Shift", "meta": "Meta",
+              "cmd": "Meta", "command": "Meta"}
+_KEYS = {k.lower(): k for k in ["Enter", "Tab", "Escape", "Backspace", "Delete", "Space", "Home", "End", "PageUp",
+                                "PageDown", "ArrowUp", "ArrowDown", "ArrowLeft", "ArrowRight"]}
+_KEYS.update({"left": "ArrowLeft", "right": "ArrowRight", "up": "ArrowUp", "down": "ArrowDown"})
+
+
+def chromium_path() -> str:
+    path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        raise RuntimeError("Chromium is not installed: run `apt-get install -y chromium` (as root; Debian's package), "
+                           "or set CHROMIUM=/path/to/chrome. Playwright's own browser download is not used.")
+    return path
+
+
+class Browser:
+    """One Chromium process and the event-loop thread that drives it."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="browser-loop", daemon=True).start()
+        self._playwright = self._chromium = None
+        self._launch = asyncio.Lock()
+        self.launches = 0
+
+    def run(self, coro, timeout: float = 120.0):
+        """Run a coroutine on the browser's loop from any thread and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def chromium(self):
+        """The live browser, launched (again) when there is none or it died."""
+        async with self._launch:  # many sessions resetting at once must not launch many browsers
+            if self._chromium is None or not self._chromium.is_connected():
+                if self._playwright is None:
+                    self._playwright = await async_playwright().start()
+                self._chromium = await self._playwright.chromium.launch(
+                    executable_path=chromium_path(), headless=True,
+                    args=["--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"])
+                self.launches += 1
+            return self._chromium
+
+    def pid(self) -> int | None:
+        """The browser's process id (for RSS figures and for tests that kill it)."""
+        import psutil
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if "chrom" in child.name() and "--type=" not in " ".join(child.cmdline()):
+                    return child.pid
+            except psutil.NoSuchProcess:
+                continue
+        return None
+
+
+_shared: Browser | None = None
+_lock = threading.Lock()
+
+
+def shared() -> Browser:
+    global _shared
+    with _lock:
+        if _shared is None:
+            _shared = Browser()
+        return _shared
+
+
+class Session:
+    """One browser context: tabs, cookies, and the ids of the last observation."""
+
+    def __init__(self, browser: Browser | None = None, width: int = 1280, height: int = 720,
+                 viewport_only: bool = True, to_local: Callable[[str], str] = str, to_public: Callable[[str], str] = str):
+        self.browser = browser or shared()
+        self.viewport = {"width": width, "height": height}
+        self.viewport_only, self.to_local, self.to_public = viewport_only, to_local, to_public
+        self.context = None
+        self.pages: list = []
+        self.current = 0
+        self.shown: dict[int, tuple[int, str]] = {}  # id -> (backend DOM node id, "role 'name' props")
+        self._marks = itertools.count()
+
+    # ------------------------------------------------------------------ lifecycle
+    def open(self, url: str, cookies: list[dict] = (), storage_state: str | None = None) -> None:
+        """A fresh context (cookies, or a Playwright storage-state file of a login) with one tab at `url`."""
+        self.browser.run(self._open(url, list(cookies), storage_state))
+
+    async def _open(self, url, cookies, storage_state):
+        await self._close()
+        chromium = await self.browser.chromium()
+        self.context = await chromium.new_context(viewport=self.viewport, storage_state=storage_state)
+        self.context.set_default_timeout(5000)             # a stuck action is an error text, not a hang
+        self.context.set_default_navigation_timeout(20000)
+        if cookies:
+            await self.context.add_cookies(cookies)
+        self.pages, self.current = [await self.context.new_page()], 0
+        await self._goto(self.pages[0], url)
+
+    def close(self) -> None:
+        if self.context is not None:
+            self.browser.run(self._close())
+
+    async def _close(self):
+        context, self.context, self.pages = self.context, None, []
+        if context is not None:
+            try:
+                await context.close()
+            except PlaywrightError:  # the browser died with it
+                pass
+
+    @property
+    def page(self):
+        return self.pages[self.current]
+
+    def url(self) -> str:
+        return self.to_public(self.page.url)
+
+    def call(self, name: str, *args) -> str:
+        """Run action `name`; "" on success, else the error as text. A dead browser is an error, not a crash."""
+        if self.context is None or not self.alive():
+            return "The browser is not running (it stopped or was killed); it restarts at the next reset."
+        try:
+            return self.browser.run(getattr(self, "_" + name)(*args)) or ""
+        except PlaywrightError as error:
+            return f"The browser could not do it: {str(error).splitlines()[0][:300]}"
+
+    def alive(self) -> bool:
+        chromium = self.browser._chromium
+        return chromium is not None and chromium.is_connected()
+
+    # ------------------------------------------------------------------ observation
+    def observe(self) -> tuple[str, str, str]:
+        """(tabs line, accessibility tree text, public URL) of the current tab."""
+        return self.browser.run(self._observe())
+
+    async def _observe(self):
+        titles = []
+        for i, page in enumerate(self.pages):
+            try:
+                title = await page.title()
+            except PlaywrightError:  # a tab mid-navigation
+                title = ""
+            titles.append(f"Tab {i}{' (current)' if i == self.current else ''}: {title}")
+        tree = await self._tree(self.page)
+        return " | ".join(titles), tree, self.to_public(self.page.url)
+
+    async def _tree(self, page) -> str:
+        cdp = await page.context.new_cdp_session(page)
+        try:
+            nodes = (await cdp.send("Accessibility.getFullAXTree"))["nodes"]
+            snap = await cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []})
+        finally:
+            await cdp.detach()
+        doc, strings = snap["documents"][0], snap["strings"]
+        dom = doc["nodes"]
+        backend = dom["backendNodeId"]
+        attrs = [{strings[a[i]]: strings[a[i + 1]] for i in range(0, len(a), 2)} for a in dom["attributes"]]
+        index = {b: i for i, b in enumerate(backend)}
+        boxes: dict[int, list[float]] = {}
+        for i, (x, y, w, h) in zip(doc["layout"]["nodeIndex"], doc["layout"]["bounds"]):
+            b = backend[i]
+            if b in boxes:  # a text split over lines: the union of its boxes
+                x0, y0, w0, h0 = boxes[b]
+                x1, y1 = min(x, x0), min(y, y0)
+                x, y, w, h = x1, y1, max(x + w, x0 + w0) - x1, max(y + h, y0 + h0) - y1
+            boxes[b] = [x, y, w, h]
+        view = (doc.get("scrollOffsetX", 0), doc.get("scrollOffsetY", 0), self.viewport["width"], self.viewport["height"])
+
+        def in_view(b: int) -> bool:
+            if b not in boxes or boxes[b][2] == 0 or boxes[b][3] == 0:
+                return False  # not rendered, or invisible (WebArena drops both)
+            if not self.viewport_only:
+                return True
+            x, y, w, h = boxes[b]
+            across = max(0, min(x + w, view[0] + view[2]) - max(x, view[0]))
+            down = max(0, min(y + h, view[1] + view[3]) - max(y, view[1]))
+            return across * down / (w * h) >= IN_VIEW
+
+        def wa_id(b: int, value_id: int | None, role: str) -> int:
+            i = index.get(b)
+            if i is None:
+                return b
+            own = attrs[i].get("data-wa-id")
+            if own is None and dom["parentIndex"][i] >= 0:
+                parent = attrs[dom["parentIndex"][i]]
+                if "data-wa-text" in parent:  # the text of a page StaticText: the <p> carries its id
+                    own = parent.get("data-wa-id")
+            if own is None and value_id is not None and role == "StaticText":
+                return value_id  # a text box's value, drawn inside the box's shadow tree
+            return int(own) if own is not None else b
+
+        by_id = {}
+        for node in nodes:  # a few nodes are repeated in the tree: keep the first
+            by_id.setdefault(node["nodeId"], node)
+        lines: list[str] = []
+        self.shown = {}
+
+        def visit(node: dict, depth: int, value_id: int | None) -> None:
+            role = node.get("role", {}).get("value", "")
+            name = node.get("name", {}).get("value")
+            b = node.get("backendDOMNodeId")
+            props = [f"{p['name']}: {p['value']['value']}" for p in node.get("properties", [])
+                     if p["name"] not in IGNORED and "value" in p.get("value", {})]
+            shown = name is not None and b is not None and (role == "RootWebArea" or in_view(b))
+            if shown and not name.strip() and (role in UNNAMED_HIDDEN and not props or role == "listitem"):
+                shown = False
+            if shown and role == "StaticText" and (not name or any(name in line for line in lines[-3:])):
+                shown = False
+            if shown:
+                node_id = wa_id(b, value_id, role)
+                content = f"{role} {name!r}" + "".join(" " + p for p in props)
+                lines.append("\t" * depth + f"[{node_id}] {content}")
+                self.shown.setdefault(node_id, (b, content))
+            if role in ("textbox", "searchbox") and b in index and "data-wa-value" in attrs[index[b]]:
+                value_id = int(attrs[index[b]]["data-wa-value"])
+            for child in node.get("childIds", []):
+                if child in by_id:
+                    visit(by_id[child], depth + 1 if shown else depth, value_id)
+
+        visit(nodes[0], 0, None)
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ actions
+    async def _element(self, element_id: int):
+        """A Playwright locator for an id of the last observation (the DOM node is marked to find it)."""
+        b = self.shown[element_id][0]
+        cdp = await self.page.context.new_cdp_session(self.page)
+        try:
+            target = (await cdp.send("DOM.resolveNode", {"backendNodeId": b}))["object"]["objectId"]
+            mark = str(next(self._marks))
+            await cdp.send("Runtime.callFunctionOn", {
+                "objectId": target, "arguments": [{"value": mark}],
+                # a StaticText is a text node: act on the element that holds it
+                "functionDeclaration": "function(m){(this.nodeType===3?this.parentElement:this).setAttribute('data-wa-act',m)}"})
+        finally:
+            await cdp.detach()
+        return self.page.locator(f"[data-wa-act='{mark}']")
+
+    async def _settle(self) -> None:
+        """Wait for a navigation the action started (Playwright's click waits for it to commit)."""
+        await self.page.wait_for_load_state("load")
+
+    async def _click(self, element_id: int):
+        await (await self._element(element_id)).click()
+        await self._settle()
+
+    async def _hover(self, element_id: int):
+        await (await self._element(element_id)).hover()
+
+    async def _type(self, element_id: int, text: str, enter: bool):
+        element = await self._element(element_id)
+        await element.click()
+        await self.page.keyboard.press("ControlOrMeta+a")  # replace, as the text renderer does
+        await self.page.keyboard.type(text)
+        if enter:
+            await self.page.keyboard.press("Enter")
+        await self._settle()
+
+    async def _press(self, combo: str):
+        if combo.lower() in ("alt+arrowleft", "alt+left"):  # headless Chrome ignores history shortcuts
+            return await self._go_back()
+        if combo.lower() in ("alt+arrowright", "alt+right"):
+            return await self._go_forward()
+        *mods, key = combo.split("+") if combo != "+" else ["+"]
+        keys = [_MODIFIERS[m.strip().lower()] for m in mods] + [_KEYS.get(key.lower(), key)]
+        await self.page.keyboard.press("+".join(keys))
+        await self._settle()
+
+    async def _scroll(self, direction: str):
+        sign = "-" if direction == "up" else ""
+        await self.page.evaluate(f"window.scrollBy(0, {sign}window.innerHeight)")
+
+    async def _new_tab(self):
+        if len(self.pages) >= MAX_TABS:
+            return f"at most {MAX_TABS} tabs can be open; close_tab first"
+        self.pages.append(await self.context.new_page())
+        self.current = len(self.pages) - 1
+
+    async def _tab_focus(self, index: int):
+        if not 0 <= index < len(self.pages):
+            return f"give the index of an open tab, from 0 to {len(self.pages) - 1}"
+        self.current = index
+        await self.page.bring_to_front()
+
+    async def _close_tab(self):
+        await self.pages.pop(self.current).close()
+        if not self.pages:  # as a browser: closing the last tab leaves a blank one
+            self.pages.append(await self.context.new_page())
+        self.current = len(self.pages) - 1
+        await self.page.bring_to_front()
+
+    async def _goto(self, page, url: str):
+        try:
+            await page.goto(self.to_local(url), wait_until="load")
+        except PlaywrightError as error:  # e.g. an unknown host: Chrome shows its error page
+            return f"the page could not be loaded ({str(error).splitlines()[0][:200]})"
+
+    async def _go(self, url: str):
+        return await self._goto(self.page, url)
+
+    async def _go_back(self):
+        if await self.page.go_back(wait_until="load") is None:
+            return "there is no previous page in this tab"
+
+    async def _go_forward(self):
+        if await self.page.go_forward(wait_until="load") is None:
+            return "there is no next page in this tab"
+
+    # ------------------------------------------------------------------ helpers for evaluators and tests
+    def evaluate(self, script: str):
+        """Run a JavaScript expression in the current tab and return its value."""
+        return self.browser.run(self.page.evaluate(script))
+
+    def screenshot(self, path: str) -> None:
+        self.browser.run(self.page.screenshot(path=path, full_page=False))
+
+
+def normalize_keys(combo: str) -> str | None:
+    """`combo` if it is a key combination the grammar allows (modifiers joined by + to one key), else None."""
+    *mods, key = combo.split("+") if combo != "+" else ["+"]
+    if any(m.strip().lower() not in _MODIFIERS for m in mods) or not (len(key) == 1 or key.lower() in _KEYS):
+        return None
+    return combo
