@@ -203,7 +203,9 @@ class Session:
             boxes[b] = [x, y, w, h]
         view = (doc.get("scrollOffsetX", 0), doc.get("scrollOffsetY", 0), self.viewport["width"], self.viewport["height"])
 
-        def in_view(b: int) -> bool:
+        def in_view(b: int, parent_in_view: bool) -> bool:
+            if b not in index:  # inside a text box's shadow tree, which the snapshot leaves out
+                return parent_in_view
             if b not in boxes or boxes[b][2] == 0 or boxes[b][3] == 0:
                 return False  # not rendered, or invisible (WebArena drops both)
             if not self.viewport_only:
@@ -214,6 +216,8 @@ class Session:
             return across * down / (w * h) >= IN_VIEW
 
         def wa_id(b: int, value_id: int | None, role: str) -> int:
+            if role == "RootWebArea":  # the document node: the local sites put its id on <html>
+                b = next((b for b, a in zip(backend, attrs) if "data-wa-id" in a), b)
             i = index.get(b)
             if i is None:
                 return b
@@ -232,13 +236,14 @@ class Session:
         lines: list[str] = []
         self.shown = {}
 
-        def visit(node: dict, depth: int, value_id: int | None) -> None:
+        def visit(node: dict, depth: int, value_id: int | None, parent_in_view: bool) -> None:
             role = node.get("role", {}).get("value", "")
             name = node.get("name", {}).get("value")
             b = node.get("backendDOMNodeId")
             props = [f"{p['name']}: {p['value']['value']}" for p in node.get("properties", [])
                      if p["name"] not in IGNORED and "value" in p.get("value", {})]
-            shown = name is not None and b is not None and (role == "RootWebArea" or in_view(b))
+            visible = b is not None and (role == "RootWebArea" or in_view(b, parent_in_view))
+            shown = name is not None and visible
             if shown and not name.strip() and (role in UNNAMED_HIDDEN and not props or role == "listitem"):
                 shown = False
             if shown and role == "StaticText" and (not name or any(name in line for line in lines[-3:])):
@@ -252,10 +257,14 @@ class Session:
                 value_id = int(attrs[index[b]]["data-wa-value"])
             for child in node.get("childIds", []):
                 if child in by_id:
-                    visit(by_id[child], depth + 1 if shown else depth, value_id)
+                    visit(by_id[child], depth + 1 if shown else depth, value_id, visible)
 
-        visit(nodes[0], 0, None)
+        visit(nodes[0], 0, None, True)
         return "\n".join(lines)
+
+    def describe(self, element_id: int) -> str | None:
+        """ "role 'name' props" of an element of the last observation, or None when it was not shown."""
+        return self.shown[element_id][1] if element_id in self.shown else None
 
     # ------------------------------------------------------------------ actions
     async def _element(self, element_id: int):

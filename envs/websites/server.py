@@ -73,7 +73,7 @@ def to_html(title: str, body: list[Node], base: int, local, flash: str = "") -> 
         node_id, same, _, value_id = next(order)
         assert same is node, "HTML and walk() must number the same nodes"
         inner = "".join(element(child) for child in node.children)
-        required = "true" if node.props.get("required") else None
+        required = "true" if node.props.get("required") else "false"  # Chrome omits it on a searchbox unless set
         if node.role == "StaticText":
             return f"<p{_attrs(data_wa_id=node_id, data_wa_text='')}>{esc(node.name)}</p>"
         if node.role == "heading":
@@ -104,7 +104,7 @@ def to_html(title: str, body: list[Node], base: int, local, flash: str = "") -> 
     content = "".join(element(n) for n in body)
     # The form is hidden and empty (its controls join it by form="wa"): a visible <form> around the page
     # would add a `form ''` node to the accessibility tree that the text renderer does not have.
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title><style>{_STYLE}</style>"
+    return (f"<!doctype html><html data-wa-id='{base}'><head><meta charset='utf-8'><title>{esc(title)}</title><style>{_STYLE}</style>"
             f"</head><body><form id='wa' method='post' hidden><input type='hidden' name='_wa_flash'"
             f" value='{esc(flash, quote=True)}'></form>{content}<script>{_ENTER}</script></body></html>")
 
