@@ -28,6 +28,7 @@ import itertools
 import os
 import shutil
 import threading
+import time
 from typing import Callable
 
 from playwright.async_api import Error as PlaywrightError
@@ -116,6 +117,7 @@ class Session:
         self.current = 0
         self.shown: dict[int, tuple[int, str]] = {}  # id -> (backend DOM node id, "role 'name' props")
         self._marks = itertools.count()
+        self._navs: dict = {}  # page -> [navigation requests, load events], to wait for a navigation an action started
 
     # ------------------------------------------------------------------ lifecycle
     def open(self, url: str, cookies: list[dict] = (), storage_state: str | None = None) -> None:
@@ -130,14 +132,29 @@ class Session:
         self.context.set_default_navigation_timeout(20000)
         if cookies:
             await self.context.add_cookies(cookies)
-        self.pages, self.current = [await self.context.new_page()], 0
-        await self._goto(self.pages[0], url)
+        self.pages, self.current = [], 0
+        for address in url.split(" |AND| "):  # a WebArena task may open several tabs; the first is current
+            self.pages.append(await self._new_page())
+            await self._goto(self.pages[-1], address.strip())
+        await self.page.bring_to_front()
 
     def close(self) -> None:
         if self.context is not None:
             self.browser.run(self._close())
 
+    async def _new_page(self):
+        page = await self.context.new_page()
+        counts = self._navs[page] = [0, 0]
+
+        def requested(request):
+            if request.is_navigation_request() and request.frame == page.main_frame:
+                counts[0] += 1
+        page.on("request", requested)
+        page.on("load", lambda _: counts.__setitem__(1, counts[1] + 1))
+        return page
+
     async def _close(self):
+        self._navs = {}
         context, self.context, self.pages = self.context, None, []
         if context is not None:
             try:
@@ -219,10 +236,8 @@ class Session:
             if role == "RootWebArea":  # the document node: the local sites put its id on <html>
                 b = next((b for b, a in zip(backend, attrs) if "data-wa-id" in a), b)
             i = index.get(b)
-            if i is None:
-                return b
-            own = attrs[i].get("data-wa-id")
-            if own is None and dom["parentIndex"][i] >= 0:
+            own = attrs[i].get("data-wa-id") if i is not None else None
+            if own is None and i is not None and dom["parentIndex"][i] >= 0:
                 parent = attrs[dom["parentIndex"][i]]
                 if "data-wa-text" in parent:  # the text of a page StaticText: the <p> carries its id
                     own = parent.get("data-wa-id")
@@ -282,13 +297,29 @@ class Session:
             await cdp.detach()
         return self.page.locator(f"[data-wa-act='{mark}']")
 
-    async def _settle(self) -> None:
-        """Wait for a navigation the action started (Playwright's click waits for it to commit)."""
-        await self.page.wait_for_load_state("load")
+    async def _settle(self, page, before: list[int]) -> None:
+        """Wait until a navigation that the action started has loaded its page.
+
+        `load_state` alone is not enough: right after a click the old document is still the loaded
+        one, so it returns at once, and the next observation would read the old page or none.
+        """
+        await asyncio.sleep(0.05)  # a navigation started by a script (Enter submits by script) begins a moment later
+        counts = self._navs.get(page, before)
+        deadline = time.monotonic() + 20
+        while counts[0] > before[0] and counts[1] <= before[1] and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def _acting(self, action):
+        """Run an action coroutine on the current tab and wait for what it loads."""
+        page = self.page
+        before = list(self._navs.get(page, [0, 0]))
+        result = await action
+        await self._settle(page, before)
+        return result
 
     async def _click(self, element_id: int):
-        await (await self._element(element_id)).click()
-        await self._settle()
+        element = await self._element(element_id)
+        await self._acting(element.click())
 
     async def _hover(self, element_id: int):
         await (await self._element(element_id)).hover()
@@ -299,8 +330,7 @@ class Session:
         await self.page.keyboard.press("ControlOrMeta+a")  # replace, as the text renderer does
         await self.page.keyboard.type(text)
         if enter:
-            await self.page.keyboard.press("Enter")
-        await self._settle()
+            await self._acting(self.page.keyboard.press("Enter"))
 
     async def _press(self, combo: str):
         if combo.lower() in ("alt+arrowleft", "alt+left"):  # headless Chrome ignores history shortcuts
@@ -309,8 +339,7 @@ class Session:
             return await self._go_forward()
         *mods, key = combo.split("+") if combo != "+" else ["+"]
         keys = [_MODIFIERS[m.strip().lower()] for m in mods] + [_KEYS.get(key.lower(), key)]
-        await self.page.keyboard.press("+".join(keys))
-        await self._settle()
+        await self._acting(self.page.keyboard.press("+".join(keys)))
 
     async def _scroll(self, direction: str):
         sign = "-" if direction == "up" else ""
@@ -319,7 +348,7 @@ class Session:
     async def _new_tab(self):
         if len(self.pages) >= MAX_TABS:
             return f"at most {MAX_TABS} tabs can be open; close_tab first"
-        self.pages.append(await self.context.new_page())
+        self.pages.append(await self._new_page())
         self.current = len(self.pages) - 1
 
     async def _tab_focus(self, index: int):
@@ -331,7 +360,7 @@ class Session:
     async def _close_tab(self):
         await self.pages.pop(self.current).close()
         if not self.pages:  # as a browser: closing the last tab leaves a blank one
-            self.pages.append(await self.context.new_page())
+            self.pages.append(await self._new_page())
         self.current = len(self.pages) - 1
         await self.page.bring_to_front()
 
@@ -352,18 +381,24 @@ class Session:
         if await self.page.go_forward(wait_until="load") is None:
             return "there is no next page in this tab"
 
-    # ------------------------------------------------------------------ helpers for evaluators and tests
-    def evaluate(self, script: str):
-        """Run a JavaScript expression in the current tab and return its value."""
-        return self.browser.run(self.page.evaluate(script))
+    # ------------------------------------------------------------------ for evaluators and tests
+    def raw_url(self) -> str:
+        """The current tab's URL as the browser has it (not mapped to public names)."""
+        return self.page.url
+
+    def load(self, url: str) -> None:
+        """Open a URL as it is in the current tab (an evaluator visiting a page)."""
+        self.browser.run(self.page.goto(url, wait_until="load"))
+
+    def content(self) -> str:
+        return self.browser.run(self.page.content())
+
+    def script(self, expression: str):
+        """The value of a JavaScript expression in the current tab, or None when it throws."""
+        try:
+            return self.browser.run(self.page.evaluate(f"() => {expression}"))
+        except PlaywrightError:
+            return None
 
     def screenshot(self, path: str) -> None:
-        self.browser.run(self.page.screenshot(path=path, full_page=False))
-
-
-def normalize_keys(combo: str) -> str | None:
-    """`combo` if it is a key combination the grammar allows (modifiers joined by + to one key), else None."""
-    *mods, key = combo.split("+") if combo != "+" else ["+"]
-    if any(m.strip().lower() not in _MODIFIERS for m in mods) or not (len(key) == 1 or key.lower() in _KEYS):
-        return None
-    return combo
+        self.browser.run(self.page.screenshot(path=path))
