@@ -185,7 +185,12 @@ class Session:
     # ------------------------------------------------------------------ observation
     def observe(self) -> tuple[str, str, str]:
         """(tabs line, accessibility tree text, public URL) of the current tab."""
-        return self.browser.run(self._observe())
+        if self.context is None or not self.alive():
+            return "Tab 0 (current): ", "The browser is not running; it restarts at the next reset.", "about:blank"
+        try:
+            return self.browser.run(self._observe())
+        except PlaywrightError as error:  # the browser died during this call
+            return "Tab 0 (current): ", f"The page cannot be read: {str(error).splitlines()[0][:200]}", "about:blank"
 
     async def _observe(self):
         titles = []
@@ -328,7 +333,7 @@ class Session:
         element = await self._element(element_id)
         await element.click()
         await self.page.keyboard.press("ControlOrMeta+a")  # replace, as the text renderer does
-        await self.page.keyboard.type(text)
+        await self.page.keyboard.insert_text(text)  # one input event, not a key event per character: faster
         if enter:
             await self._acting(self.page.keyboard.press("Enter"))
 

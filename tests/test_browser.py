@@ -75,7 +75,7 @@ def test_backends_agree_on_a_scripted_episode(envs, site, template):
 
 
 def test_viewport_scrolling_and_bad_actions():
-    env = make("webarena", backend="browser")
+    env = make("webarena", backend="browser", height=400)  # the order grid is about 750 px tall
     try:
         t = next(i for i, x in enumerate(env.task_list) if x.site == "shopping_admin")
         env.reset(t)
