@@ -155,7 +155,7 @@ class WebArena:
 
     Options: seed (sites and tasks), viewport_lines (text backend), per_template, test_every; backend
     ("text" or "browser"), width, height, viewport_only (browser); configs, sites, auth_dir, judge,
-    skip_fuzzy (real WebArena tasks, envs/webarena_configs.py).
+    skip_unsupported (real WebArena tasks, envs/webarena_configs.py).
     """
 
     instruction = INSTRUCTION
@@ -163,14 +163,14 @@ class WebArena:
     def __init__(self, seed: int = 0, viewport_lines: int = 50, per_template: int = 8, test_every: int = 5,
                  backend: str = "text", width: int = 1280, height: int = 720, viewport_only: bool = True,
                  configs: str | None = None, sites: dict[str, str] | None = None, auth_dir: str | None = None,
-                 judge: str | None = None, skip_fuzzy: bool = False):
+                 judge: str | None = None, skip_unsupported: bool = False):
         if backend not in ("text", "browser"):
             raise ValueError(f"unknown backend {backend!r}; choose 'text' (fast, Python) or 'browser' (Chromium)")
         self.viewport, self.test_every, self.backend = viewport_lines, test_every, backend
         self.configs = None
         if configs is not None:  # the real WebArena: its task configs, its sites, always in the browser
             from . import webarena_configs
-            self.configs = webarena_configs.load(configs, sites or {}, auth_dir, judge, skip_fuzzy)
+            self.configs = webarena_configs.load(configs, sites or {}, auth_dir, judge, skip_unsupported)
             self.task_list, self.backend = self.configs.tasks, "browser"
             to_local, to_public = self.configs.to_local, self.configs.to_public
         else:
