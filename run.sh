@@ -3,7 +3,8 @@
 #   bash run.sh train                    the CPU learning recipe: SmolLM2 on BabyAI, then the before/after table
 #   bash run.sh train [train.py flags]   train.py with those flags (2 ranks), e.g. --env textcraft for the tiny model
 #   bash run.sh test  [pytest flags]     run the test suite
-# Set-up: creates .venv (or refreshes it when requirements.txt changed) with the exact pinned packages.
+# Set-up: creates .venv (or refreshes it when requirements.txt changed) with the exact pinned packages,
+# and installs Debian's chromium when it is missing (as root), the browser of `--env-options '{"backend": "browser"}'`.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}
@@ -20,6 +21,15 @@ if [ "$(cat "$VENV/.requirements.sha" 2>/dev/null)" != "$want" ]; then
   # would pull CUDA-only torchvision/torchaudio/triton, which stop vLLM's CPU build from starting.
   "$VENV/bin/python" -m pip install -q --no-deps -r requirements.txt
   echo "$want" > "$VENV/.requirements.sha"
+fi
+if ! command -v chromium >/dev/null 2>&1; then
+  # Playwright drives Debian's chromium through executable_path: its own browser download is not used.
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing Debian's chromium for the web env's browser backend"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "note: chromium is missing; the browser backend and its tests need it: apt-get install -y chromium (as root)" >&2
+  fi
 fi
 export PATH="$PWD/$VENV/bin:$PATH" TOKENIZERS_PARALLELISM=false
 cmd=${1:-}
