@@ -10,7 +10,13 @@ For each name in envs.REGISTRY whose module imports and builds (others are skipp
   warm-up episode each, every episode cut at `--horizon` turns (the JVM works outside the GIL;
   pure-Python envs share one core).
 
-Run: `python bench/envs.py [--envs sciworld babyai] [--pool 4] [--seconds 20]`. Prints a table.
+`webarena-browser` is the web env on its Chromium backend (envs/browser.py): one browser process for
+the whole pool, one browser context per instance, the sites served over HTTP on 127.0.0.1; its RSS per
+instance is the growth of the browser's processes (renderers) per added context, and the row notes
+the RSS of the browser with no context open. `--pool 16` or 32 shows how many concurrent episodes fit.
+
+Run: `python bench/envs.py [--envs sciworld babyai webarena-browser] [--pool 4] [--seconds 20]`.
+Prints a table.
 """
 from __future__ import annotations
 
@@ -68,6 +74,7 @@ def searchqa_policy(observation: str, rng: random.Random) -> str:
 
 POLICIES = {"sciworld": sciworld_policy, "babyai": babyai_policy, "textcraft": textcraft_policy,
             "webarena": webarena_policy, "searchqa": searchqa_policy}
+VARIANTS = {"webarena-browser": ("webarena", {"backend": "browser"})}  # bench name -> (env, options)
 
 
 def tree_rss() -> int:
@@ -77,6 +84,17 @@ def tree_rss() -> int:
     for child in me.children(recursive=True):
         try:
             total += child.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def browser_rss() -> int:
+    """Resident bytes of this process's Chromium processes (0 without a browser)."""
+    total = 0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            total += child.memory_info().rss if "chrom" in child.name() else 0
         except psutil.NoSuchProcess:
             pass
     return total
@@ -135,11 +153,13 @@ def pool_run(envs: list, policy, tasks: list[int], horizon: int, seconds: float,
 
 
 def bench(name: str, args) -> dict:
-    cls = env_class(name)  # imports the module; a missing one raises ImportError here
-    policy = POLICIES.get(name, lambda obs, rng: react("look"))
+    env_name, options = VARIANTS.get(name, (name, {}))
+    cls = env_class(env_name)  # imports the module; a missing one raises ImportError here
+    policy = POLICIES.get(env_name, lambda obs, rng: react("look"))
     rng = random.Random(args.seed)
     start = time.perf_counter()
-    env = cls()
+    env = cls(**options)
+    env.reset(env.tasks("train")[0])  # a browser env launches its browser and servers at the first reset
     build = time.perf_counter() - start
     tasks = env.tasks("train")
     resets, steps = latency(env, policy, tasks, args.resets, args.steps, args.horizon, rng)
@@ -147,20 +167,21 @@ def bench(name: str, args) -> dict:
     del env
     gc.collect()
 
-    before = tree_rss()
-    pool = [cls() for _ in range(args.pool)]
+    before, idle_browser = tree_rss(), browser_rss()
+    pool = [cls(**options) for _ in range(args.pool)]
     pool_run(pool, policy, tasks, args.horizon, 0.0, args.seed + 1000)  # warm-up: one episode each (JIT)
     eps, sps = pool_run(pool, policy, tasks, args.horizon, args.seconds, args.seed)
     per_instance = (tree_rss() - before) / args.pool
     for env in pool:
         env.close()
     return {"build_s": build, "reset": resets, "step": steps, "rss_mb": per_instance / 2**20,
-            "eps": eps, "sps": sps}
+            "eps": eps, "sps": sps, "idle_browser_mb": idle_browser / 2**20}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--envs", nargs="*", default=list(REGISTRY), help="env names (default: all registered)")
+    parser.add_argument("--envs", nargs="*", default=list(REGISTRY),
+                        help=f"env names (default: all registered; also {', '.join(VARIANTS)})")
     parser.add_argument("--resets", type=int, default=20, help="resets timed per env")
     parser.add_argument("--steps", type=int, default=200, help="steps timed per env")
     parser.add_argument("--horizon", type=int, default=10, help="turns per episode before a reset")
@@ -185,7 +206,8 @@ def main() -> None:
         rows.append((name, f"{r['build_s']:.2f}", f"{ms(r['reset'], .5):.1f} / {ms(r['reset'], .95):.1f}",
                      f"{ms(r['step'], .5):.2f} / {ms(r['step'], .95):.2f}", f"{r['rss_mb']:.0f}",
                      f"{r['eps']:.2f}", f"{r['sps']:.1f}"))
-        print(f"# done {name}", flush=True)
+        note = f"; browser with no context open: {r['idle_browser_mb']:.0f} MB RSS" if r["idle_browser_mb"] else ""
+        print(f"# done {name}{note}", flush=True)
 
     header = ("env", "build s", "reset ms p50/p95", "step ms p50/p95", "RSS MB/inst",
               f"episodes/s (x{args.pool})", f"steps/s (x{args.pool})")

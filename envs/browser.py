@@ -46,6 +46,19 @@ _KEYS = {k.lower(): k for k in ["Enter", "Tab", "Escape", "Backspace", "Delete",
 _KEYS.update({"left": "ArrowLeft", "right": "ArrowRight", "up": "ArrowUp", "down": "ArrowDown"})
 
 
+# Mark the element behind an accessibility node so that a locator finds it. A text node acts through
+# its element, the document through <html>, and a node inside a text box's closed (user-agent) shadow
+# tree, such as its value, through the box: locators cannot see into that tree and would wait out
+# their whole timeout.
+_MARK = """function(mark) {
+  let e = this.nodeType === 9 ? this.documentElement : this.nodeType === 3 ? this.parentElement : this;
+  while (e && e.getRootNode() instanceof ShadowRoot) e = e.getRootNode().host;
+  if (!e || !e.setAttribute) return false;
+  e.setAttribute("data-wa-act", mark);
+  return true;
+}"""
+
+
 def chromium_path() -> str:
     path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     if not path:
@@ -294,12 +307,13 @@ class Session:
         try:
             target = (await cdp.send("DOM.resolveNode", {"backendNodeId": b}))["object"]["objectId"]
             mark = str(next(self._marks))
-            await cdp.send("Runtime.callFunctionOn", {
-                "objectId": target, "arguments": [{"value": mark}],
-                # a StaticText is a text node: act on the element that holds it
-                "functionDeclaration": "function(m){(this.nodeType===3?this.parentElement:this).setAttribute('data-wa-act',m)}"})
+            found = await cdp.send("Runtime.callFunctionOn", {
+                "objectId": target, "arguments": [{"value": mark}], "returnByValue": True,
+                "functionDeclaration": _MARK})
         finally:
             await cdp.detach()
+        if not found.get("result", {}).get("value"):
+            raise PlaywrightError("the element is no longer on the page")
         return self.page.locator(f"[data-wa-act='{mark}']")
 
     async def _settle(self, page, before: list[int]) -> None:

@@ -250,9 +250,9 @@ class WebArena:
             return f"Invalid action {action[:100]!r}: {parsed}. {HELP}"
         name, args = parsed
         if name == "stop":
-            self.reward = self._evaluate(args[0])
+            self.reward, problem = self._evaluate(args[0])
             self.success, self.done = self.reward == 1.0, True
-            return f"stop [{args[0][:200]}]"
+            return f"stop [{args[0][:200]}]" + (f" (the task could not be scored: {problem})" if problem else "")
         if name in ("click", "hover", "type"):
             eid = args[0]
             content = self.view.describe(eid)
@@ -271,12 +271,17 @@ class WebArena:
             return f"Invalid action {action[:100]!r}: {error}. {HELP}"
         return f"{said} ({error})" if error else said
 
-    def _evaluate(self, answer: str) -> float:
+    def _evaluate(self, answer: str) -> tuple[float, str]:
+        """(score, "") or (0, why it could not be scored: the browser died before the evaluators ran)."""
         task = self.task
         if self.configs is not None:
-            return self.configs.evaluate(task, answer, self.view)
+            from .browser import PlaywrightError
+            try:
+                return self.configs.evaluate(task, answer, self.view), ""
+            except PlaywrightError as error:
+                return 0.0, str(error).splitlines()[0][:200]
         if task.kind == "info":
-            return float(any(normalize(answer) == normalize(a) for a in task.answers))
+            return float(any(normalize(answer) == normalize(a) for a in task.answers)), ""
         if task.kind == "nav":
-            return float(url_matches(self.view.url(), task.url))
-        return float(bool(task.check(self.world)))
+            return float(url_matches(self.view.url(), task.url)), ""
+        return float(bool(task.check(self.world))), ""
