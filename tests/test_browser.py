@@ -140,3 +140,26 @@ def test_many_contexts_share_one_browser():
     finally:
         for env in envs:
             env.close()
+
+
+SHOWN = {"shopping": "http://onestopmarket.com/", "shopping_admin": "http://luma.com/admin/sales/order/view/order_id/000000103",
+         "reddit": "http://reddit.com/forums", "gitlab": "http://gitlab.com/byteblaze/dotfiles/-/issues"}
+
+
+def test_screenshot_of_each_site(tmp_path):
+    """What the agent sees, beside what a person sees. WEB_SCREENSHOTS=docs writes the README's copies."""
+    out = os.environ.get("WEB_SCREENSHOTS") or tmp_path
+    env = make("webarena", backend="browser", width=1000, height=560)
+    try:
+        for site, address in SHOWN.items():
+            env.reset(next(i for i, t in enumerate(env.task_list) if t.site == site))
+            obs = env.step(f"```goto [{address}]```")[0]
+            assert f"URL: {address}" in obs and "RootWebArea" in obs and "404" not in obs
+            path = os.path.join(out, f"web-{site}.png")
+            env.view.screenshot(path)
+            with open(path, "rb") as f:
+                assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+            with open(os.path.join(out, f"web-{site}.txt"), "w") as f:
+                f.write(obs.split("\nOBJECTIVE:")[0] + "\n")
+    finally:
+        env.close()
