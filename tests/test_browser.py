@@ -74,6 +74,27 @@ def test_backends_agree_on_a_scripted_episode(envs, site, template):
     assert web.step("```stop [N/A]```")[1] == 0.0 and web.success is False  # a fresh world, a wrong answer
 
 
+def test_backends_agree_on_history_and_tabs(envs):
+    """Back and forward over links, a form that returns to its own page, a link to the page shown; tabs."""
+    text, web = envs
+    task_id = next(i for i, t in enumerate(text.task_list) if t.site == "shopping")
+    pages = [text.reset(task_id), web.reset(task_id)]
+    steps = ["link 'Electronics'", "button 'Add to Wish List'", "go_back", "go_back", "go_forward", "go_forward",
+             "link 'Electronics'", "go_back", "new_tab", "goto [http://reddit.com/forums]", "link 'books'",
+             "tab_focus [0]", "go_forward", "tab_focus [1]", "go_back", "close_tab", "close_tab", "go_back"]
+    for step in steps:
+        if step.startswith(("link", "button")):
+            role, name = step.split(" ", 1)
+            element = re.search(rf"\[(\d+)\] {role} {re.escape(name)}", pages[0])[1]
+            step = f"click [{element}]"
+        pages = [env.step(f"```{step}```")[0] for env in (text, web)]
+        if "URL: about:blank" in pages[0]:  # an empty tab: only its root, whose id Chrome picks; nothing to act on
+            assert [seen(p)[0::2] for p in pages] == [seen(pages[0])[0::2]] * 2 and len(seen(pages[1])[1]) == 1
+            continue
+        assert seen(pages[0]) == seen(pages[1]), (step, pages)
+        assert pages[0].split("PREVIOUS ACTION: ")[1] == pages[1].split("PREVIOUS ACTION: ")[1]
+
+
 def test_viewport_scrolling_and_bad_actions():
     env = make("webarena", backend="browser", height=400)  # the order grid is about 750 px tall
     try:

@@ -74,8 +74,10 @@ class TextView:
         lines, _, shown = self._render(self.tab)
         return lines[element_id].strip().split(" ", 1)[1] if element_id in shown else None
 
-    def _navigate(self, tab: Tab, address: str, flash: str = "") -> None:
-        if address != tab.url:
+    def _navigate(self, tab: Tab, address: str, flash: str = "", submitted: bool = False) -> None:
+        # As Chrome: a link or goto to the page already shown replaces it, while a form submission is a
+        # new history entry even when it comes back to the same URL (go_back then shows that page again).
+        if address != tab.url or submitted:
             del tab.history[tab.index + 1:]
             tab.history.append(address)
             tab.index += 1
@@ -84,7 +86,7 @@ class TextView:
     def _submit(self, tab: Tab, node: Node, nodes: dict[int, Node]) -> None:
         values = {n.field: n.value for n in nodes.values() if n.field}
         values.update(tab.values)
-        self._navigate(tab, *node.handler(values))
+        self._navigate(tab, *node.handler(values), submitted=True)
 
     # ------------------------------------------------------------------ actions
     def call(self, name: str, *args) -> str:
