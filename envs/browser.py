@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Callable
 
+import psutil
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import async_playwright
 
@@ -94,8 +95,7 @@ class Browser:
             return self._chromium
 
     def pid(self) -> int | None:
-        """The browser's process id (for RSS figures and for tests that kill it)."""
-        import psutil
+        """The browser's process id (for tests that kill it): the Chromium process that is no child type."""
         for child in psutil.Process().children(recursive=True):
             try:
                 if "chrom" in child.name() and "--type=" not in " ".join(child.cmdline()):
@@ -131,6 +131,7 @@ class Session:
         self.shown: dict[int, tuple[int, str]] = {}  # id -> (backend DOM node id, "role 'name' props")
         self._marks = itertools.count()
         self._navs: dict = {}  # page -> [navigation requests, load events], to wait for a navigation an action started
+        self._cdps: dict = {}  # page -> its CDP session
 
     # ------------------------------------------------------------------ lifecycle
     def open(self, url: str, cookies: list[dict] = (), storage_state: str | None = None) -> None:
@@ -141,7 +142,7 @@ class Session:
         await self._close()
         chromium = await self.browser.chromium()
         self.context = await chromium.new_context(viewport=self.viewport, storage_state=storage_state)
-        self.context.set_default_timeout(5000)             # a stuck action is an error text, not a hang
+        self.context.set_default_timeout(10000)  # a stuck action is an error text, not a hang (10 s: a busy machine is slow)
         self.context.set_default_navigation_timeout(20000)
         if cookies:
             await self.context.add_cookies(cookies)
@@ -167,7 +168,7 @@ class Session:
         return page
 
     async def _close(self):
-        self._navs = {}
+        self._navs, self._cdps = {}, {}
         context, self.context, self.pages = self.context, None, []
         if context is not None:
             try:
@@ -216,13 +217,16 @@ class Session:
         tree = await self._tree(self.page)
         return " | ".join(titles), tree, self.to_public(self.page.url)
 
+    async def _cdp(self, page):
+        """The page's CDP session, opened once per tab (it survives navigations)."""
+        if page not in self._cdps:
+            self._cdps[page] = await page.context.new_cdp_session(page)
+        return self._cdps[page]
+
     async def _tree(self, page) -> str:
-        cdp = await page.context.new_cdp_session(page)
-        try:
-            nodes = (await cdp.send("Accessibility.getFullAXTree"))["nodes"]
-            snap = await cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []})
-        finally:
-            await cdp.detach()
+        cdp = await self._cdp(page)
+        nodes = (await cdp.send("Accessibility.getFullAXTree"))["nodes"]
+        snap = await cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []})
         doc, strings = snap["documents"][0], snap["strings"]
         dom = doc["nodes"]
         backend = dom["backendNodeId"]
@@ -303,15 +307,12 @@ class Session:
     async def _element(self, element_id: int):
         """A Playwright locator for an id of the last observation (the DOM node is marked to find it)."""
         b = self.shown[element_id][0]
-        cdp = await self.page.context.new_cdp_session(self.page)
-        try:
-            target = (await cdp.send("DOM.resolveNode", {"backendNodeId": b}))["object"]["objectId"]
-            mark = str(next(self._marks))
-            found = await cdp.send("Runtime.callFunctionOn", {
-                "objectId": target, "arguments": [{"value": mark}], "returnByValue": True,
-                "functionDeclaration": _MARK})
-        finally:
-            await cdp.detach()
+        cdp = await self._cdp(self.page)
+        target = (await cdp.send("DOM.resolveNode", {"backendNodeId": b}))["object"]["objectId"]
+        mark = str(next(self._marks))
+        found = await cdp.send("Runtime.callFunctionOn", {
+            "objectId": target, "arguments": [{"value": mark}], "returnByValue": True, "functionDeclaration": _MARK})
+        await cdp.send("Runtime.releaseObject", {"objectId": target})
         if not found.get("result", {}).get("value"):
             raise PlaywrightError("the element is no longer on the page")
         return self.page.locator(f"[data-wa-act='{mark}']")
@@ -349,7 +350,9 @@ class Session:
         await self.page.keyboard.press("ControlOrMeta+a")  # replace, as the text renderer does
         await self.page.keyboard.insert_text(text)  # one input event, not a key event per character: faster
         if enter:
-            await self._acting(self.page.keyboard.press("Enter"))
+            # A locator's press (not keyboard.press) waits for a navigation its key handler starts, even one
+            # a script starts: waiting for the request to show up instead misses it on a busy machine.
+            await self._acting(element.press("Enter"))
 
     async def _press(self, combo: str):
         if combo.lower() in ("alt+arrowleft", "alt+left"):  # headless Chrome ignores history shortcuts
@@ -358,7 +361,11 @@ class Session:
             return await self._go_forward()
         *mods, key = combo.split("+") if combo != "+" else ["+"]
         keys = [_MODIFIERS[m.strip().lower()] for m in mods] + [_KEYS.get(key.lower(), key)]
-        await self._acting(self.page.keyboard.press("+".join(keys)))
+        focused = self.page.locator("*:focus")
+        if await focused.count():  # through the focused element, so that a navigation it starts is awaited
+            await self._acting(focused.first.press("+".join(keys)))
+        else:
+            await self._acting(self.page.keyboard.press("+".join(keys)))
 
     async def _scroll(self, direction: str):
         sign = "-" if direction == "up" else ""
@@ -377,7 +384,10 @@ class Session:
         await self.page.bring_to_front()
 
     async def _close_tab(self):
-        await self.pages.pop(self.current).close()
+        page = self.pages.pop(self.current)
+        self._cdps.pop(page, None)
+        self._navs.pop(page, None)
+        await page.close()
         if not self.pages:  # as a browser: closing the last tab leaves a blank one
             self.pages.append(await self._new_page())
         self.current = len(self.pages) - 1

@@ -1,12 +1,12 @@
-"""Web navigation (WebArena, as wrapped by AgentGym), on offline simulated sites.
+"""Web navigation (WebArena, as wrapped by AgentGym), on offline simulated sites or on the real ones.
 
 The agent browses four simulated sites (envs/websites/: a shop, its admin panel and CMS, a forum, a
 git host) in WebArena's text interface. Each observation is WebArena's CoT prompt template
 (`OBSERVATION:` / `URL:` / `OBJECTIVE:` / `PREVIOUS ACTION:`) around the page text of
 `TextObervationProcessor`: the open tabs (`Tab 0 (current): <title> | Tab 1: ...`), a blank line,
 then the accessibility tree of the current viewport, one `[id] role 'name'` line per node indented
-by depth. Only nodes in the viewport are shown and can be acted on; long pages are cut into windows
-of `viewport_lines` lines that `scroll [down|up]` moves through. The reply's first triple-backtick
+by depth. Only nodes in the viewport are shown and can be acted on; `scroll [down|up]` moves it (a
+window of `viewport_lines` lines in the text backend, of the browser's height in pixels in Chromium). The reply's first triple-backtick
 block is the action, in WebArena's id-based grammar: click [id], type [id] [text] [0|1] (Enter after
 unless 0), hover [id], press [key_comb], scroll [up|down], new_tab, tab_focus [i], close_tab,
 goto [url], go_back, go_forward, stop [answer]. The previous-action line repeats WebArena's wording
@@ -182,7 +182,8 @@ class WebArena:
                 from .websites import server
                 self.server = server.shared()
                 to_local, to_public = self.server.to_local, self.server.to_public
-            self.view = browser.Session(None, width, height, viewport_only, to_local, to_public)
+            self.view = browser.Session(width=width, height=height, viewport_only=viewport_only,
+                                        to_local=to_local, to_public=to_public)
         self.task = None
         self.success = self.done = False
 
