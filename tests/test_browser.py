@@ -158,6 +158,10 @@ def test_many_contexts_share_one_browser():
         with ThreadPoolExecutor(6) as pool:
             assert list(pool.map(episode, range(6))) == [1.0] * 6
         assert len({id(e.view.browser) for e in envs}) == 1
+        initial = envs[0].world0["store"].wishlist
+        for k, env in enumerate(envs):  # each context changed its own world only
+            added = [env.world["store"].product(p).name for p in env.world["store"].wishlist if p not in initial]
+            assert added == [env.task_list[task_ids[k]].params["product"]]
     finally:
         for env in envs:
             env.close()
