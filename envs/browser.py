@@ -1,11 +1,11 @@
 """A headless Chromium shared by many environments, seen and driven the way WebArena does it.
 
 `Browser` is one Chromium process (Debian's `chromium`, driven by Playwright through
-`executable_path`), shared by every environment of the process; each environment owns a `Session`,
+`executable_path`), shared by every environment of the process; each environment owns a `Context`,
 one browser context (its own cookies and tabs), so 16-32 concurrent episodes cost one browser. Playwright
-runs on a private event-loop thread and the sessions call into it, so envs stepped from a thread pool
+runs on a private event-loop thread and the contexts call into it, so envs stepped from a thread pool
 (rollout.py) share the browser safely. A browser that died (killed, crashed) is launched again at the
-next `Session.open` (the env's reset); a step on a dead browser returns an error text instead.
+next `Context.open` (the env's reset); a step on a dead browser returns an error text instead.
 
 The observation is WebArena's (`TextObervationProcessor`): the CDP accessibility tree
 (`Accessibility.getFullAXTree`), one `[id] role 'name'` line per node with its properties appended
@@ -84,7 +84,7 @@ class Browser:
 
     async def chromium(self):
         """The live browser, launched (again) when there is none or it died."""
-        async with self._launch:  # many sessions resetting at once must not launch many browsers
+        async with self._launch:  # many contexts resetting at once must not launch many browsers
             if self._chromium is None or not self._chromium.is_connected():
                 if self._playwright is None:
                     self._playwright = await async_playwright().start()
@@ -117,7 +117,7 @@ def shared() -> Browser:
         return _shared
 
 
-class Session:
+class Context:
     """One browser context: tabs, cookies, and the ids of the last observation."""
 
     def __init__(self, browser: Browser | None = None, width: int = 1280, height: int = 720,

@@ -182,7 +182,7 @@ class WebArena:
                 from .websites import server
                 self.server = server.shared()
                 to_local, to_public = self.server.to_local, self.server.to_public
-            self.view = browser.Session(width=width, height=height, viewport_only=viewport_only,
+            self.view = browser.Context(width=width, height=height, viewport_only=viewport_only,
                                         to_local=to_local, to_public=to_public)
         self.task = None
         self.success = self.done = False

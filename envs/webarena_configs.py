@@ -132,17 +132,17 @@ class Configs:
             return None
         return str(Path(self.auth_dir) / Path(task.config["storage_state"]).name)
 
-    def evaluate(self, task: ConfigTask, answer: str, session) -> float:
-        """WebArena's score of a finished episode: `answer` is the stop answer, `session` the browser."""
+    def evaluate(self, task: ConfigTask, answer: str, view) -> float:
+        """WebArena's score of a finished episode: `answer` is the stop answer, `view` the browser context."""
         spec = task.config["eval"]
         score = 1.0
         for kind in spec["eval_types"]:
             if kind == "string_match":
                 score *= self._string(task, answer)
             elif kind == "url_match":
-                score *= url_match(session.raw_url(), spec["reference_url"], spec.get("url_note", "GOLD in PRED"))
+                score *= url_match(view.raw_url(), spec["reference_url"], spec.get("url_note", "GOLD in PRED"))
             elif kind == "program_html":
-                score *= self._program(spec["program_html"], session)
+                score *= self._program(spec["program_html"], view)
             else:
                 raise ValueError(f"unknown eval type {kind!r} in task {task.config.get('task_id')}")
         return score
@@ -166,22 +166,22 @@ class Configs:
                         score *= float(self.judge("fuzzy_match", intent, ref, clean_answer(answer)))
         return score
 
-    def _program(self, targets: list[dict], session) -> float:
+    def _program(self, targets: list[dict], view) -> float:
         score = 1.0
         for target in targets:
             url = target["url"]
             if _helper(url):
                 inner = re.search(r"\((.*)\)", url)[1].strip().strip("'\"")
-                url = HELPERS[_helper(url)](inner.replace("__last_url__", session.raw_url()))
+                url = HELPERS[_helper(url)](inner.replace("__last_url__", view.raw_url()))
             if url != "last":
-                session.load(url)
+                view.load(url)
             locator = target["locator"]
             if not locator.strip():
-                selected = session.content()
+                selected = view.content()
             elif locator.startswith(("document.", "[...document.")):
                 for prep in target.get("prep_actions", []):
-                    session.script(prep)  # a failing preparation is ignored, as in WebArena
-                selected = session.script(locator)
+                    view.script(prep)  # a failing preparation is ignored, as in WebArena
+                selected = view.script(locator)
                 selected = "" if selected is None else str(selected)
             else:
                 raise ValueError(f"unsupported locator {locator[:80]!r}")

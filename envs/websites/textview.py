@@ -1,6 +1,6 @@
 """The fast backend: a browser simulated in Python over the sites' node trees, no HTML, no HTTP.
 
-It has the same small interface as the Chromium backend (envs/browser.py `Session`): `open(url)`,
+It has the same small interface as the Chromium backend (envs/browser.py `Context`): `open(url)`,
 `observe() -> (tabs line, tree text, URL)`, `describe(id)` (the element's "role 'name' props", or None
 when it is not in view) and `call(action, *args) -> ""` or what went wrong. The page text is WebArena's
 accessibility-tree rendering of page.render; long pages are cut into windows of `viewport_lines` lines
