@@ -195,7 +195,9 @@ def save_model(directory: str | Path, model, tokenizer, rank: int) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
-        _seal_files(tmp, 0, 1)
+        for path in tmp.rglob("*"):  # not _seal_files: a collective, and only rank 0 is here
+            if path.is_file():
+                fsync(path)
         _fsync_dirs(tmp)
         shutil.rmtree(directory, ignore_errors=True)
         tmp.rename(directory)
@@ -284,7 +286,8 @@ class _SafePlanner(DefaultLoadPlanner):
 
 def load_training_state(ckpt: Path, models: dict, optimizers: dict, rank: int, world: int) -> int:
     """Restore optimizer (and, for a sharded checkpoint, exact fp32 model) state into freshly built
-    sharded models; returns the saved step. The models were built from `ckpt/<key>/`."""
+    sharded models; returns the saved step. The models were built from `ckpt/<key>/`; the RNG state
+    is `restore_rng`'s."""
     meta = json.loads((ckpt / "state.json").read_text())
     for key, model in models.items():
         if meta.get("format") == "sharded":
@@ -296,9 +299,15 @@ def load_training_state(ckpt: Path, models: dict, optimizers: dict, rank: int, w
         state = torch.load(ckpt / f"optim_{key}.pt", weights_only=True) if rank == 0 else {}
         set_optimizer_state_dict(model, optimizers[key], optim_state_dict=state,
                                  options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    return meta["step"]
+
+
+def restore_rng(ckpt: Path, rank: int, world: int) -> None:
+    """This rank's torch and python RNG state as saved. Call it after the generator has started: vLLM
+    seeds torch's global generator at start-up, and its CPU sampler (in-process) draws from it."""
+    meta = json.loads((ckpt / "state.json").read_text())
     rng = ckpt / f"rng_rank{rank}.pt"
     if meta["world"] == world and rng.exists():  # RNG streams only line up with the same world size
         saved = torch.load(rng, weights_only=True)
         torch.set_rng_state(saved["torch"])
         random.setstate(saved["python"])
-    return meta["step"]

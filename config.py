@@ -97,7 +97,7 @@ class Config:
     checkpoint_format: str = doc("full (rank 0 gathers model and optimizer into single files), sharded (each rank "
                                  "writes its own shard with torch.distributed.checkpoint; policy/ stays an HF "
                                  "directory, in the compute dtype) or auto (sharded on cuda, full on cpu)", "auto")
-    resume: bool = doc("continue from the latest checkpoint in --out", False)
+    resume: bool = doc("continue from the newest complete checkpoint in --out (a broken one is skipped)", False)
     env_workers: int = doc("threads stepping environments concurrently per rank", 8)
     preset: str = doc("starting point before flags apply: cpu, smollm2 or paper (none given: cpu, for the tiny "
                       "model on a CPU only)", "")

@@ -347,6 +347,8 @@ def main(argv=None):
         from envs.agentgym import task_ids
         train_ids = task_ids(cfg.tasks_file, cfg.env, d.env_options)
         print0(f"training on the {len(train_ids)} tasks of {cfg.tasks_file}")
+    if resume_from:  # after the engine's start-up, which re-seeds torch's global generator
+        checkpoint.restore_rng(resume_from, rank, world)
     threads = ThreadPoolExecutor(max_workers=max(1, min(cfg.env_workers, per_rank)))
     make_env = lambda: envs.make(cfg.env, **d.env_options)  # noqa: E731
     log = None

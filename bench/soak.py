@@ -87,7 +87,7 @@ def main():
     ap.add_argument("--turns", type=int, default=10, help="fixed horizon")
     ap.add_argument("--engine", default="auto", help="auto (vLLM if installed), vllm or hf")
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (checkpoint I/O included)")
+    ap.add_argument("--save-every", type=int, default=5, help="checkpoint every N steps (checkpoint I/O included)")
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between memory samples")
     ap.add_argument("--out", default="runs/soak")
     args = ap.parse_args()

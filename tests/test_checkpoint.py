@@ -5,7 +5,8 @@
   its next optimizer step equals the original's (Adam moments restored), and the RNG continues;
 - `resumable` skips a truncated or corrupted newest checkpoint with a one-line warning, and stops with a
   one-line error when none is usable;
-- loading refuses pickles that would run code (optimizer/RNG files, DCP metadata and values).
+- loading refuses pickles that would run code (optimizer/RNG files, DCP metadata and values);
+- `save_model` (the warm start's HF directory, written by rank 0 alone) completes and loads.
 """
 import functools
 import json
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import checkpoint
 from tests.test_distributed import WORLD, spawn
@@ -54,9 +56,11 @@ def _train_save_reload(root, sharded, rank):
 
     model2, opt2 = build(str(ckpt / "policy"))
     restored_step = checkpoint.load_training_state(ckpt, {"policy": model2}, {"policy": opt2}, rank, WORLD)
+    checkpoint.restore_rng(ckpt, rank, WORLD)
     loaded, rng_after_load = full(model2), torch.rand(4)
     step(model2, opt2, 3)
     after = full(model2)
+    checkpoint.save_model(Path(root).parent / "warmstart", model2, tok, rank)  # rank 0 alone writes it
     diff = lambda a, b: max(float((a[k] - b[k]).abs().max()) for k in a)  # noqa: E731
     return {"step": restored_step, "loaded": diff(saved, loaded), "next_step": diff(reference, after),
             "rng": torch.equal(rng_after_save, rng_after_load)}
@@ -69,12 +73,14 @@ def test_round_trip_and_fallback_from_a_broken_newest_checkpoint(tmp_path, capsy
         assert r["step"] == 2 and r["rng"]
         assert r["loaded"] == 0.0 and r["next_step"] == 0.0, r
 
+    warm = AutoModelForCausalLM.from_pretrained(tmp_path / "warmstart")  # save_model's plain HF directory
+    assert warm.num_parameters() > 0 and not list(tmp_path.glob(".warmstart*"))
+
     meta = json.loads((root / "step_000002" / "state.json").read_text())
     assert meta["format"] == ("sharded" if sharded else "full") and meta["world"] == WORLD
     assert any(f.startswith("dcp_policy/") for f in meta["files"]) == sharded
     assert (root / "latest").read_text() == "step_000002" and not list(root.glob(".*.tmp"))
     from safetensors import safe_open
-    from transformers import AutoModelForCausalLM
     policy = root / "step_000002" / "policy"  # the HF directory vLLM and transformers load
     assert AutoModelForCausalLM.from_pretrained(policy).num_parameters() > 0
     with safe_open(policy / "model.safetensors", "pt") as f:
@@ -118,7 +124,7 @@ def test_loading_refuses_pickles_that_run_code(tmp_path):
     (ckpt / "state.json").write_text(json.dumps({"step": 1, "world": 1, "format": "full", "files": {}}))
     torch.save({"torch": torch.get_rng_state(), "python": _Evil(sentinel)}, ckpt / "rng_rank0.pt")
     with pytest.raises(pickle.UnpicklingError):
-        checkpoint.load_training_state(ckpt, {}, {}, rank=0, world=1)
+        checkpoint.restore_rng(ckpt, rank=0, world=1)
 
     dcp.save({"w": torch.ones(2), "lr": 0.1, "evil": _Evil(sentinel)}, checkpoint_id=tmp_path / "values")
     with pytest.raises(BaseException, match="Weights only load failed"):  # DCP wraps it per rank

@@ -87,3 +87,28 @@ def test_sigkill_at_four_moments_then_resume_equals_an_uninterrupted_run(tmp_pat
         assert got[step] == expected[step], (step, got[step], expected[step])
     a, b = weights(reference / "checkpoints" / "step_000005"), weights(ckpts / "step_000005")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_resume_with_the_vllm_cpu_engine_samples_what_the_uninterrupted_run_sampled(tmp_path):
+    """vLLM's CPU sampler draws from torch's global generator (no per-request seeds on CPU) and vLLM
+    re-seeds it at start-up; the checkpoint's RNG state, restored after that, makes resume exact.
+    Two launches: an uninterrupted 3-step run, then a copy of it cut back to its step-2 checkpoint and
+    resumed to step 3."""
+    pytest.importorskip("vllm")
+    import shutil
+
+    run, cut = tmp_path / "run", tmp_path / "cut"
+    vllm = ["--engine", "vllm", "--steps", "3"]
+    proc = launch(run, *vllm)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.copytree(run, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_000003")  # as if killed during step 2
+    rows = (cut / "metrics.jsonl").read_text().splitlines()
+    (cut / "metrics.jsonl").write_text("\n".join(rows[:2]) + "\n")
+    proc = launch(cut, *vllm, "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected, got = history(run), history(cut)
+    assert got[2] == expected[2] and got[2]["response_tokens"] > 0
+    a, b = weights(run / "checkpoints" / "step_000003"), weights(cut / "checkpoints" / "step_000003")
+    assert all(torch.equal(a[k], b[k]) for k in a)
