@@ -7,7 +7,8 @@
 Runs `train.py` under torchrun with a fixed horizon for a wall time (checkpoints every `--save-every`
 steps included), samples the resident memory (RSS) of every rank, of every JVM and of any separate
 vLLM engine process every `--interval` seconds, then stops the run and prints:
-  - per process: RSS after warm-up and at the end, and the slope (MB per hour, least squares over the
+  - per process: RSS after warm-up (at least `--warmup` minutes, and no earlier than the second
+    logged step) and at the end, and the slope (MB per hour, least squares over the
     samples after warm-up, +- its standard error);
   - steps/s in each quarter of the time after warm-up (a decay would show as falling numbers);
   - environment errors: episodes that ended as `env_error` (each flagged and its env replaced).
@@ -39,9 +40,9 @@ def train_command(args, out: Path) -> list[str]:
             "--engine", args.engine, "--out", str(out)]
 
 
-def classify(launcher: psutil.Process) -> dict[str, float]:
+def classify(launcher: psutil.Process, commands: dict) -> dict[str, float]:
     """label -> RSS in MB of every process under the launcher: `rank<N>`, `jvm<pid>`, `engine<pid>`, and
-    `<name><pid>` for any other helper process."""
+    `<name><pid>` for any other helper process (its command line kept in `commands`)."""
     out = {}
     for p in launcher.children(recursive=True):
         try:
@@ -55,6 +56,7 @@ def classify(launcher: psutil.Process) -> dict[str, float]:
                 out[f"engine{p.pid}"] = rss
             else:  # any other helper, e.g. multiprocessing's resource tracker
                 out[f"{name[:8]}{p.pid}"] = rss
+                commands.setdefault(f"{name[:8]}{p.pid}", cmd[:160])
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue  # exited between listing and reading
     return out
@@ -104,11 +106,11 @@ def main():
     log = open(out / "train.log", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
     launcher = psutil.Process(proc.pid)
-    samples, progress = [], []  # (t, {label: MB}), (t, steps logged)
+    samples, progress, commands = [], [], {}  # (t, {label: MB}), (t, steps logged), {label: command}
     t0 = time.monotonic()
     while time.monotonic() - t0 < minutes * 60 and proc.poll() is None:
         t = time.monotonic() - t0
-        samples.append((t, classify(launcher)))
+        samples.append((t, classify(launcher, commands)))
         progress.append((t, len(steps_logged(out))))
         time.sleep(args.interval)
     crashed = proc.poll()
@@ -121,6 +123,10 @@ def main():
             proc.wait()
 
     rows = steps_logged(out)
+    # Warm-up ends no earlier than the second logged step: start-up (model and engine loading) and the
+    # first step (optimizer state, the KV cache's first use) allocate for good, which is not a leak.
+    second = next((t for t, n in progress if n >= 2), float("inf"))
+    warmup = max(warmup, second)
     episodes = 16
     errors = round(sum(r.get("end/env_error", 0) * episodes for r in rows))
     labels = sorted({k for _, s in samples for k in s})
@@ -139,7 +145,7 @@ def main():
             lo, hi = late[0][0] + q * span, late[0][0] + (q + 1) * span
             inside = [(t, n) for t, n in late if lo <= t <= hi]
             rates.append(round((inside[-1][1] - inside[0][1]) / max(inside[-1][0] - inside[0][0], 1e-9), 4))
-    summary = {"env": args.env, "minutes": minutes, "warmup_minutes": warmup / 60, "steps": len(rows),
+    summary = {"commands": commands, "env": args.env, "minutes": minutes, "warmup_minutes": warmup / 60, "steps": len(rows),
                "exit": "stopped at the wall time" if crashed is None else f"exited early with code {crashed}",
                "memory": memory, "steps_per_s_by_quarter": rates, "env_errors": errors,
                "episodes": len(rows) * episodes}
@@ -150,6 +156,8 @@ def main():
     for label, m in memory.items():
         print(f"{label:<14} {m['after_warmup_mb']:>17} {m['end_mb']:>10} {m['slope_mb_per_h']:>11} "
               f"{m['stderr_mb_per_h']:>6}")
+    for label, cmd in commands.items():
+        print(f"{label}: {cmd}")
     print("steps/s by quarter after warm-up:", rates)
     print(f"env errors: {errors} of {summary['episodes']} episodes")
     if crashed not in (None, 0):
