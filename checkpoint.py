@@ -220,8 +220,8 @@ def verify(ckpt: Path, rank: int, world: int) -> str | None:
         if not path.is_file():
             problem = f"{rel} is missing"
         elif tuple(files[rel]) != digest(path):
-            size = path.stat().st_size
-            problem = f"{rel} is {'truncated' if size < files[rel][0] else 'corrupted'} ({size} of {files[rel][0]} bytes)"
+            size, expected = path.stat().st_size, files[rel][0]
+            problem = f"{rel} is {'truncated' if size < expected else 'corrupted'} ({size} of {expected} bytes)"
         if problem:
             break
     return next((p for p in _all_gather(problem) if p), None)
@@ -292,7 +292,8 @@ def load_training_state(ckpt: Path, models: dict, optimizers: dict, rank: int, w
     for key, model in models.items():
         if meta.get("format") == "sharded":
             state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizers[key])}
-            dcp.load(state, storage_reader=_SafeReader(ckpt / f"dcp_{key}"), planner=_SafePlanner())  # in place, resharded
+            # in place, and resharded if this run has a different number of ranks than the one that saved
+            dcp.load(state, storage_reader=_SafeReader(ckpt / f"dcp_{key}"), planner=_SafePlanner())
             set_model_state_dict(model, state["model"])
             set_optimizer_state_dict(model, optimizers[key], optim_state_dict=state["optim"])
             continue

@@ -12,7 +12,8 @@ vLLM engine process every `--interval` seconds, then stops the run and prints:
     samples after warm-up, +- its standard error);
   - steps/s in each quarter of the time after warm-up (a decay would show as falling numbers);
   - environment errors: episodes that ended as `env_error` (each flagged and its env replaced).
-AgentGym's env servers leaked memory until online RL crashed after about 2.5 hours: this measures it.
+AgentGym's env servers were reported to leak memory until online RL crashed after about 2.5 hours:
+this measures whether ours do.
 vLLM runs in-process here (VLLM_ENABLE_V1_MULTIPROCESSING=0), so its memory is part of each rank's.
 Samples and the summary are written to `<out>/soak.json`, the run's own output to `<out>/train.log`.
 """
@@ -101,7 +102,7 @@ def main():
 
     cmd = train_command(args, out)
     print("running:", " ".join(cmd[2:]), flush=True)
-    # its own session, so the whole run (launcher, ranks, JVMs) is stopped by one group signal at the end
+    # its own process group, so the whole run (launcher, ranks, JVMs) is stopped by one signal at the end
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "train.log", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
