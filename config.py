@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
 import shutil
@@ -93,7 +94,10 @@ class Config:
     eval_tasks: int = doc("test tasks per in-training evaluation (the first ones of the split), shared over ranks", 16)
     save_every: int = doc("checkpoint every N steps (and at the end); 0: only at the end", 0)
     keep: int = doc("checkpoints kept on disk", 2)
-    resume: bool = doc("continue from the latest checkpoint in --out", False)
+    checkpoint_format: str = doc("full (rank 0 gathers model and optimizer into single files), sharded (each rank "
+                                 "writes its own shard with torch.distributed.checkpoint; policy/ stays an HF "
+                                 "directory, in the compute dtype) or auto (sharded on cuda, full on cpu)", "auto")
+    resume: bool = doc("continue from the newest complete checkpoint in --out (a broken one is skipped)", False)
     env_workers: int = doc("threads stepping environments concurrently per rank", 8)
     preset: str = doc("starting point before flags apply: cpu, smollm2 or paper (none given: cpu, for the tiny "
                       "model on a CPU only)", "")
@@ -177,6 +181,7 @@ class Derived:
     dtype: str          # compute and engine dtype (see `compute_dtype`)
     out: str
     estimator: str      # the algorithms.advantages name (ppo -> gae)
+    sharded: bool       # checkpoints through torch.distributed.checkpoint (--checkpoint-format)
 
 
 def derive(cfg: Config) -> Derived:
@@ -188,7 +193,8 @@ def derive(cfg: Config) -> Derived:
                    framing=framings.make(cfg.prompt_style, cfg.env, cfg.instructions_file),
                    device=device, dtype=compute_dtype(cfg.dtype, device, cfg.model),
                    out=cfg.out.format(env=cfg.env, algo=cfg.algo.replace("+", "p")),
-                   estimator="gae" if cfg.algo == "ppo" else cfg.algo)
+                   estimator="gae" if cfg.algo == "ppo" else cfg.algo,
+                   sharded=cfg.checkpoint_format == "sharded" or (cfg.checkpoint_format == "auto" and device == "cuda"))
 
 
 def compute_dtype(choice: str, device: str, model: str) -> str:
@@ -226,6 +232,8 @@ def check(cfg: Config, world: int) -> str | None:
         return f"unknown --device {cfg.device!r}; choose auto, cpu or cuda"
     if cfg.dtype not in ("auto", "float32", "bfloat16"):
         return f"unknown --dtype {cfg.dtype!r}; choose auto, float32 or bfloat16"
+    if cfg.checkpoint_format not in ("auto", "full", "sharded"):
+        return f"unknown --checkpoint-format {cfg.checkpoint_format!r}; choose auto, full or sharded"
     if cfg.preset and cfg.preset not in PRESETS:
         return f"unknown --preset {cfg.preset!r}; choose one of: {', '.join(PRESETS)}"
     if not cfg.temperature > 0:  # logits / 0 would make every logprob NaN
@@ -291,7 +299,7 @@ def check(cfg: Config, world: int) -> str | None:
         return (f"--model {cfg.model} on {derive(cfg).device} needs an explicit preset: --preset paper for the "
                 "paper's GPU settings, or --preset cpu to keep the CPU settings (then set --lr etc. yourself)")
     out = derive(cfg).out
-    if cfg.resume and not (os.path.exists(os.path.join(out, "checkpoints", "latest"))
+    if cfg.resume and not (glob.glob(os.path.join(glob.escape(out), "checkpoints", "step_*"))
                            or os.path.exists(os.path.join(out, "warmstart", "config.json"))):
         return f"--resume but {derive(cfg).out}/checkpoints has no checkpoint; drop --resume or point --out at a run"
     return None

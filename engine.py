@@ -160,7 +160,8 @@ class VLLMEngine:
         caps = params.caps(len(prompts))
         # Per-request seeds only on GPU: vLLM's CPU build rewinds a seeded request's generator when its
         # prefill is split into chunks, which CPU generators cannot do ("does not use offset"). On CPU
-        # the engine-wide seed given at start-up keeps runs reproducible.
+        # the engine-wide seed given at start-up keeps runs reproducible: the in-process sampler draws
+        # from torch's global generator, whose state a checkpoint saves (checkpoint.restore_rng).
         per_request = params.seed is not None and self.device == "cuda"
         # Explicit SamplingParams: vLLM applies generation_config.json's sampling defaults (top_k,
         # repetition_penalty, ...) only to requests that come without them.

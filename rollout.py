@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+import faults
 from engine import Sampling, stop_ids
 from framing import Framing
 
@@ -172,6 +173,7 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
         samples = engine.generate([episodes[i].ids for i in live], Sampling(
             caps, temperature, top_p, None if seed is None else seed + 7919 * turn, chat.stop_ids))
         timing["generate"] += time.perf_counter() - t
+        faults.point("rollout_turn")  # test-only crash point (faults.py): a no-op unless TRAIN_FAULT names it
 
         texts = []
         for i, s in zip(live, samples):

@@ -41,7 +41,7 @@ case "$cmd" in
     # model, the warm start and the RL result on the same 40 test tasks x 4 samples, and their table.
     out=runs/babyai-smollm2
     resume=()
-    if [ -e "$out/checkpoints/latest" ] || [ -e "$out/warmstart/config.json" ]; then resume=(--resume); fi
+    if compgen -G "$out/checkpoints/step_*" > /dev/null || [ -e "$out/warmstart/config.json" ]; then resume=(--resume); fi
     torchrun --standalone --nproc_per_node "${NPROC:-2}" train.py --preset smollm2 --out "$out" "${resume[@]}"
     for pair in untrained=smollm2 warmstart="$out/warmstart" rl="$out"; do
       torchrun --standalone --nproc_per_node "${NPROC:-2}" evaluate.py --env babyai --env-options '{"brief": true}' \

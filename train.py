@@ -44,6 +44,7 @@ import algorithms as A
 import checkpoint
 import config as configs
 import envs
+import faults
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
 from engine import make_engine
 from rollout import ChatFormat, rollout
@@ -195,6 +196,7 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
                                          normalizer=tokens)
                     (vl * world).backward()
                     stats["value_loss"] += vl.item()
+            faults.point("update")  # test-only: gradients made, optimizer not stepped (faults.py)
             for key, opt in optimizers.items():
                 norm_ = torch.nn.utils.clip_grad_norm_(models[key].parameters(), cfg.grad_clip)
                 norm_ = norm_.full_tensor() if hasattr(norm_, "full_tensor") else norm_
@@ -290,7 +292,8 @@ def main(argv=None):
     rank, world = setup_distributed(d.device)
     out = Path(d.out)
     ckpt_root = out / "checkpoints"
-    resume_from = checkpoint.latest(ckpt_root) if cfg.resume else None
+    # the newest checkpoint whose files match their recorded sizes and checksums (a broken one is skipped)
+    resume_from = checkpoint.resumable(ckpt_root, rank, world) if cfg.resume else None
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
@@ -344,6 +347,8 @@ def main(argv=None):
         from envs.agentgym import task_ids
         train_ids = task_ids(cfg.tasks_file, cfg.env, d.env_options)
         print0(f"training on the {len(train_ids)} tasks of {cfg.tasks_file}")
+    if resume_from:  # after the engine's start-up, which re-seeds torch's global generator
+        checkpoint.restore_rng(resume_from, rank, world)
     threads = ThreadPoolExecutor(max_workers=max(1, min(cfg.env_workers, per_rank)))
     make_env = lambda: envs.make(cfg.env, **d.env_options)  # noqa: E731
     log = None
@@ -444,7 +449,7 @@ def main(argv=None):
             log.log(step, metrics)
         if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
             t = time.perf_counter()
-            checkpoint.save(ckpt_root, step + 1, models, optimizers, tokenizer, rank, world, cfg.keep)
+            checkpoint.save(ckpt_root, step + 1, models, optimizers, tokenizer, rank, world, cfg.keep, d.sharded, dtype)
             print0(f"\nsaved checkpoint step {step + 1} in {time.perf_counter() - t:.1f}s -> {ckpt_root / 'latest'}")
 
     if log:

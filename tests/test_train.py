@@ -41,6 +41,7 @@ def metrics(out):
     (Config(agg="mean"), "--agg"),
     (Config(dual_clip=0.5), "--dual-clip"),
     (Config(steps=0), "--steps must be positive"),
+    (Config(checkpoint_format="zip"), "--checkpoint-format"),
 ])
 def test_config_check_names_the_fix(cfg, needle):
     problem = config.check(cfg, world=2)
