@@ -455,5 +455,33 @@ class Context:
         except PlaywrightError:
             return None
 
+    def read(self, url: str | None, expression: str | None, prep: list[str] = ()):
+        """What WebArena's program_html reads, as its text: `str()` of the value of a JavaScript expression
+        (so null is "None", as in WebArena; "" when it throws), or the page's HTML for None, after the
+        `prep` statements, in a new tab at `url` that is closed afterwards (the current tab for None).
+        The agent's own tab is never moved: a later `last` target and url_match still see its page."""
+        return self.browser.run(self._read(url, expression, list(prep)))
+
+    async def _read(self, url, expression, prep):
+        page = self.page
+        if url is not None:
+            page = await self.context.new_page()
+            await page.goto(url, wait_until="load")
+        try:
+            if expression is None:
+                return await page.content()
+            try:
+                for statement in prep:
+                    await page.evaluate(f"() => {statement}")
+            except PlaywrightError:  # as WebArena: a failing preparation stops the others, the reading goes on
+                pass
+            try:
+                return str(await page.evaluate(f"() => {expression}"))
+            except PlaywrightError:
+                return ""
+        finally:
+            if url is not None:
+                await page.close()
+
     def screenshot(self, path: str) -> None:
         self.browser.run(self.page.screenshot(path=path))
