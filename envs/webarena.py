@@ -282,14 +282,14 @@ class WebArena:
         return f"{said} ({error})" if error else said
 
     def _evaluate(self, answer: str) -> tuple[float, str]:
-        """(score, "") or (0, why it could not be scored: the browser died before the evaluators ran)."""
+        """(score, "") or (0, why it could not be scored: the browser died, or a site's API did not answer)."""
         task = self.task
         if self.configs is not None:
             from .browser import PlaywrightError
             try:
                 return self.configs.evaluate(task, answer, self.view), ""
-            except PlaywrightError as error:
-                return 0.0, str(error).splitlines()[0][:200]
+            except (PlaywrightError, OSError) as error:  # OSError: the shop's REST API did not answer
+                return 0.0, (str(error).splitlines() or [type(error).__name__])[0][:200]
         if task.kind == "info":
             return float(any(normalize(answer) == normalize(a) for a in task.answers)), ""
         if task.kind == "nav":

@@ -1,6 +1,9 @@
 """MiniWoB++ in the real browser: a scripted solver that reads only the observation text reaches reward 1
-on pages of different kinds; the same task id gives the same text; bad actions give clear observations;
-a killed browser is launched again at the next reset.
+on ten pages of different kinds (buttons, links, text, checkboxes, login form, drop-down, tabs, email
+icons, radio buttons, non-ASCII labels); a wrong click gets the page's -1; the same task id gives the
+same text; bad actions give clear observations and change nothing (a drop-down refuses an unknown
+option, then takes a known one); `stop` ends with 0; a killed browser is launched again at the next
+reset and the episode plays as before.
 Needs Debian's chromium and the miniwob package (requirements.txt): without them these tests fail.
 
 Run: python -m pytest tests/test_miniwob.py
@@ -140,9 +143,13 @@ def test_bad_actions_give_clear_observations(env):
         obs, reward, done = env.step(reply)
         assert says in obs.split("PREVIOUS ACTION:")[1] and (reward, done) == (0.0, False), (reply, obs)
     obs = env.reset(SOLVED.index("choose-list"))
-    combo = re.search(r"\[(\d+)\] combobox", obs)[1]
+    combo, submit = re.search(r"\[(\d+)\] combobox", obs)[1], element(obs, "button", "Submit")
+    item = re.fullmatch(r"Select (.*) from the list and click Submit\.", objective(obs))[1]
     obs, reward, done = act(env, f"type [{combo}] [No such item]")
     assert "no option 'No such item' in this list; its options are [" in obs and not done
+    act(env, f"type [{combo}] [{item.upper()}]")  # typing into a drop-down picks the option of that name
+    assert act(env, f"click [{submit}]")[1:] == (1.0, True)
+    env.reset(SOLVED.index("choose-list"))
     obs, reward, done = act(env, "stop [I give up]")
     assert (reward, done, env.success) == (0.0, True, False)
 

@@ -5,12 +5,15 @@ Checked: all 812 load (with a judge; 730 without, leaving out the 82 that need o
 eval type and reference-answer kind against the published figures; ids are the configs' task_id; every
 reference answer and every reference URL passes its own check, and a changed one fails; WebArena's
 cleaning (quotes, case, twice), whole-token one-character references, N/A for infeasible tasks without
-a judge, url_match's substring and query rules.
+a judge, url_match's substring and query rules; the shop API helpers against a stand-in for the two
+Magento REST endpoints they call.
 
 Run: python -m pytest tests/test_webarena_812.py
 """
+import http.server
 import json
 import re
+import threading
 from collections import Counter
 from urllib.parse import urlencode, urlparse, parse_qs, urlunparse
 
@@ -141,3 +144,51 @@ def test_webarena_string_rules():
     assert url_match("http://h/a/bc?x=1&y=2", "http://h/a/b?x=1") == 1.0  # GOLD in PRED: a substring
     assert url_match("http://h/a/b?x=2", "http://h/a/b?x=1 |OR| http://h/a/b?x=3") == 0.0
     assert url_match("http://h/a/b?x=3", "http://h/a/b?x=1 |OR| http://h/c?x=3") == 1.0  # values pooled per key
+
+
+class Magento(http.server.BaseHTTPRequestHandler):
+    """The two REST endpoints of the shop that WebArena's shopping_* helpers call, as Magento answers them
+    (no Magento runs here): an admin token for the admin's password, then orders and reviews for it."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ok = self.path == "/rest/default/V1/integration/admin/token" and body == {"username": "admin",
+                                                                                 "password": "admin1234"}
+        self.reply(200 if ok else 401, "tok123" if ok else {"message": "wrong"})
+
+    def do_GET(self):
+        if self.headers.get("Authorization") != "Bearer tok123":
+            return self.reply(401, {"message": "no token"})
+        url = urlparse(self.path)
+        if url.path == "/rest/V1/orders" and parse_qs(url.query)["searchCriteria[sortOrders][0][direction]"] == ["DESC"]:
+            return self.reply(200, {"items": [{"increment_id": "000000190"}]})
+        if url.path == "/rest/V1/products/B00J8RZL7I/reviews":
+            return self.reply(200, [{"nickname": "Ann", "ratings": [{"percent": 60}]},
+                                    {"nickname": "Bob", "ratings": [{"percent": 80}]}])
+        self.reply(200, [])
+
+    def reply(self, status, data):
+        payload = json.dumps(data).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_shop_api_helpers():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Magento)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sites = {"shopping": f"http://127.0.0.1:{server.server_address[1]}"}
+    try:
+        assert webarena_configs.shopping_get_latest_order_url(sites) == f"{sites['shopping']}/sales/order/view/order_id/190/"
+        assert webarena_configs.shopping_get_sku_latest_review_author(sites, "B00J8RZL7I") == "Bob"  # the last one
+        assert webarena_configs.shopping_get_sku_latest_review_rating(sites, "B00J8RZL7I") == "80"
+        assert webarena_configs.shopping_get_sku_latest_review_author(sites, "B0NONE") == ""
+        assert webarena_configs._arguments("func:shopping_get_sku_latest_review_rating('B00J8RZL7I')") == ["B00J8RZL7I"]
+        assert webarena_configs._arguments("func:gitlab_get_project_memeber_role(__page__, 'yjlou')") == ["yjlou"]
+    finally:
+        server.shutdown()
