@@ -8,7 +8,8 @@ per process, one browser context per env) plays it.
 
 Task id = (page, seed): `seed * len(pages) + page index`, so the first ids of a split cover every page.
 Reset opens the page in a fresh context, calls `Math.seedrandom(seed)` and `core.startEpisodeReal()`,
-and waits for `WOB_TASK_READY`: the same id gives the same utterance and the same tree (ids included).
+and waits for `WOB_TASK_READY`; every observation waits for the task's images (icons have no size, so
+no tree line, until theirs has loaded). The same id gives the same utterance and tree, ids included.
 Test seeds are 0 .. test_seeds-1, train seeds the next train_seeds: the splits never share a problem.
 The subtask of a task is its page name, so evaluate.py reports per page.
 
@@ -32,8 +33,8 @@ Departures from MiniWoB++:
   span with a click handler and a pointer cursor, as click-link's links) gets the role link.
 - Ids are numbered 1, 2, ... in order of first appearance in the episode (browser.Context's
   stable_ids), not Chrome's DOM node ids, which differ between contexts for the same page.
-- Data mode "train" for every split (the pages' own train/test sentence sets, used by the `-turk`
-  pages); our splits are by seed.
+- Data mode "train" (`core.setDataMode`, which a few -nl and -turk pages read) for both splits; our
+  splits are by seed.
 
 84 of the 130 pages are offered. Left out (LEFT_OUT, with the reason; the text grammar cannot complete
 them): dragging and text selection (drag-*, daily-calendar, highlight-text*, resize-textarea,
@@ -42,9 +43,10 @@ circle-center, find-midpoint, right-angle, grid-coordinate, hot-cold, click-pie*
 that the accessibility tree does not carry (SVG or canvas: click-color, click-shades, click-shape,
 count-shape, count-sides, identify-shape, visual-addition, use-colorwheel*, tic-tac-toe, and
 ascending-numbers, whose numbers become unnamed squares); sliders whose handle has no name
-(use-slider*, form-sequence); real time (chase-circle, moving-items, simon-says, stock-market, hover-shape); native
-date/time pickers that `type` cannot fill (enter-date, enter-time). Of the offered pages, the tests
-solve ten; the others were judged from their source, not each solved.
+(use-slider*, form-sequence); real time (chase-circle, moving-items, simon-says, stock-market,
+hover-shape); native date/time pickers that `type` cannot fill (enter-date, enter-time). Of the
+offered pages, the tests solve ten; the others were judged from their source and their first
+observation, not each solved.
 
 Options: pages (a list of page names; default all offered), test_seeds, train_seeds, width, height.
 Test: python -m pytest tests/test_miniwob.py. Bench: python bench/envs.py --envs miniwob --pool 16.
