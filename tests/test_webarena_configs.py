@@ -7,7 +7,8 @@ Checked: the loader (placeholders, several files, a missing site, a missing logi
 judge refused, skip_unsupported), and each evaluator passing on a right episode and failing on a wrong
 one: exact_match, must_include (one-character references as whole tokens), url_match with |OR| and
 query values, program_html (exact_match on a form value, must_include with |OR| on a page after a state
-change, `last`, the func: URL helper), and fuzzy_match through an opt-in judge.
+change, `last`, the func: URL helper, other URLs read in a new tab so that `last` is still the agent's
+page), and fuzzy_match through an opt-in judge.
 
 Run: python -m pytest tests/test_webarena_configs.py
 """
@@ -148,7 +149,17 @@ def test_program_html_reads_the_sites_state(local):
                          {"url": "func:reddit_get_post_url('__last_url__')", "locator": "document.body.outerText",
                           "required_contents": {"must_include": ["Nice one |OR| Nice 1", "MarvelsGrantMan136"]}},
                          {"url": "last", "locator": "", "required_contents": {"must_include": ["Nice one"]}}])
-    env = make("webarena", configs=write(root, "programs", [price, comment]), sites=sites, auth_dir=str(root / "auth"))
+    # WebArena reads a target URL in a new tab: a later `last` target still reads the agent's own page.
+    tabs = config(22, f"Look at {product.name}", f"__SHOPPING_ADMIN__/catalog/product/edit/id/{product.id}",
+                  ["url_match", "program_html"],
+                  reference_url=f"__SHOPPING_ADMIN__/catalog/product/edit/id/{product.id}", program_html=[
+                      {"url": f"__REDDIT__/f/{post.forum}/{post.id}", "locator": "document.body.outerText",
+                       "required_contents": {"must_include": [post.title]}},
+                      {"url": "last", "locator": "", "required_contents": {"must_include": [product.name]}}])
+    env = make("webarena", configs=write(root, "programs", [price, comment, tabs]), sites=sites,
+               auth_dir=str(root / "auth"))
+    env.reset(22)
+    assert act(env, "stop []")[1] == 1.0 and len(env.view.pages) == 1  # the evaluator's tab is closed again
     before = product.price
     obs = env.reset(20)
     assert act(env, "stop []")[1] == 0.0  # untouched: the price is still the old one
