@@ -134,8 +134,10 @@ _IMAGES = r"""(async () => {
       if (m) urls.add(m[1]);
     }
   }
-  await Promise.all([...urls].map(url => { const i = new Image(); i.src = url; return i.decode().catch(() => null); }));
-  await new Promise(done => requestAnimationFrame(() => done()));
+  const loads = [...urls].map(url => { const i = new Image(); i.src = url; return i.decode().catch(() => null); });
+  // At most 2 s, and a timer beside the frame: a page Chrome deems hidden never runs animation frames.
+  await Promise.race([Promise.all(loads), new Promise(done => setTimeout(done, 2000))]);
+  await new Promise(done => { requestAnimationFrame(() => done()); setTimeout(done, 100); });
   return urls.size;
 })()"""
 

@@ -48,7 +48,7 @@ import json
 import re
 import urllib.parse
 import urllib.request
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -309,7 +309,7 @@ def load(path: str, sites: dict[str, str], auth_dir: str | None = None, judge: s
     configs = _read(packaged() if path == PACKAGED else Path(path))
     for i, c in enumerate(configs):
         c.setdefault("task_id", i)  # the task id of the env: a user's config may leave it out
-    repeated = sorted({c["task_id"] for c in configs if sum(d["task_id"] == c["task_id"] for d in configs) > 1})
+    repeated = sorted(t for t, n in Counter(c["task_id"] for c in configs).items() if n > 1)
     if repeated:
         raise ValueError(f"several configs have the task_id {repeated[:5]}: task ids must be unique")
     text = json.dumps(configs)

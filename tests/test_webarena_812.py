@@ -192,3 +192,14 @@ def test_shop_api_helpers():
         assert webarena_configs._arguments("func:gitlab_get_project_memeber_role(__page__, 'yjlou')") == ["yjlou"]
     finally:
         server.shutdown()
+
+
+def test_own_configs_without_ids_are_numbered_and_repeated_ids_refused(tmp_path):
+    plain = {"intent": "Which?", "start_url": "__SHOPPING__", "sites": ["shopping"], "require_login": False,
+             "eval": {"eval_types": ["string_match"], "reference_answers": {"exact_match": "a"}}}
+    (tmp_path / "list.json").write_text(json.dumps([plain, plain]))
+    loaded = webarena_configs.load(str(tmp_path / "list.json"), SITES)
+    assert [t.config["task_id"] for t in loaded.tasks] == [0, 1] and loaded.tasks[0].start_url == SITES["shopping"]
+    (tmp_path / "list.json").write_text(json.dumps([{**plain, "task_id": 5}, {**plain, "task_id": 5}]))
+    with pytest.raises(ValueError, match="several configs have the task_id \\[5\\]"):
+        webarena_configs.load(str(tmp_path / "list.json"), SITES)
