@@ -21,7 +21,7 @@ A native drop-down (<select>) shows its options even while closed (they have no 
 into it or `click` on an option chooses that option, as a person picks from the open list.
 Departures: `type` replaces the field's text (WebArena appends), as the text renderer does; Chrome's
 `url` property of the root is left out (newer Chrome than WebArena's; the URL line has it).
-Tested through tests/test_browser.py.
+Tested through tests/test_browser.py (drop-downs: tests/test_miniwob.py).
 """
 from __future__ import annotations
 

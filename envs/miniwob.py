@@ -82,6 +82,7 @@ LEFT_OUT = {
 MAX_TIME_MS = 1_000_000_000  # ~11.6 days; not more: setTimeout fires at once for delays above 2**31 - 1 ms
 READY_WAIT_S = 5.0
 PUBLIC = "http://miniwob.farama.org"  # the pages' host as the observation names it
+TYPABLE = ("textbox", "searchbox", "combobox", "spinbutton")  # spinbutton: <input type=number> (use-spinner)
 
 INSTRUCTION_MINIWOB = INSTRUCTION.replace(
     "The homepage http://homepage.com lists the websites you can visit. You are already logged in on every site.",
@@ -279,8 +280,9 @@ class MiniWoB:
             if content is None:
                 return (f'Attempt to perform "{name}" on element "[{args[0]}]" but no matching element was found in '
                         "the current view. Check the ids in the observation.")
-            if name == "type" and content.split(" ", 1)[0] not in ("textbox", "searchbox", "combobox"):
-                return f"Attempt to type into [{args[0]}], which is {content}; only a textbox or searchbox accepts text."
+            if name == "type" and content.split(" ", 1)[0] not in TYPABLE:
+                return (f"Attempt to type into [{args[0]}], which is {content}; only a textbox, searchbox, combobox "
+                        "or spinbutton accepts text.")
             if name == "type":
                 said = f"type [{args[0]}] [{args[1][:100]}] [{int(args[2])}]"
             said += f" where [{args[0]}] is {content}"

@@ -34,7 +34,8 @@ Departures from WebArena: the local sites are small Python simulations, not the 
 and tasks are generated (a few hundred tasks, about 35 templates) instead of the 812 human-written
 ones; `type` replaces a field's text instead of appending to it; with the text backend no site is ever
 fetched (a URL outside the simulated hosts gets an error page).
-Test: `python -m pytest tests/test_webarena.py tests/test_browser.py tests/test_webarena_configs.py`.
+Test: `python -m pytest tests/test_webarena.py tests/test_browser.py tests/test_webarena_configs.py
+tests/test_webarena_812.py`.
 """
 from __future__ import annotations
 

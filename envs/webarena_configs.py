@@ -36,7 +36,8 @@ Logins: a task with `require_login` opens its context from the Playwright storag
 by its `storage_state`, looked up in `auth_dir`; WebArena writes these with browser_env/auto_login.py.
 URLs in the observation show WebArena's public site names (http://onestopmarket.com, ...), as its
 prompts do; `goto` maps them back.
-Tested through tests/test_webarena_configs.py.
+Tested through tests/test_webarena_configs.py (in the browser) and tests/test_webarena_812.py (the real
+configs).
 """
 from __future__ import annotations
 

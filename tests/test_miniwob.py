@@ -136,7 +136,7 @@ def test_bad_actions_give_clear_observations(env):
     cases = [("no block at all", "no action found"),
              ("```fly [3]```", "unknown action 'fly'"),
              ("```click [99999]```", "no matching element was found"),
-             (f"```type [{button}] [hello]```", "only a textbox or searchbox accepts text"),
+             (f"```type [{button}] [hello]```", "only a textbox, searchbox, combobox or spinbutton accepts text"),
              ("```press [Ctrl+Nope]```", "unknown key combination"),
              ("```goto [http://elsewhere.invalid/]```", "could not be loaded")]
     for reply, says in cases:
