@@ -36,7 +36,7 @@ def doc(text: str, default):
 @dataclass
 class Config:
     # what to train
-    env: str = doc("environment: textcraft, sciworld, babyai, webarena, searchqa, or package.module:Class", "textcraft")
+    env: str = doc("environment: textcraft, sciworld, babyai, webarena, miniwob, searchqa, or package.module:Class", "textcraft")
     env_options: str = doc("JSON object of extra keyword options for the environment constructor", "{}")
     tasks_file: str = doc("train on exactly these tasks: an AgentGym-RL-Data-ID style JSON list "
                           "([{\"item_id\": \"sciworld_17\"}, ...]) mapped as envs/agentgym.py says; empty: the "

@@ -57,6 +57,8 @@ REWARD_SCALE = {
     "babyai": "1 - 0.9 * steps / max_steps when the mission is completed, else 0",
     "webarena": "0 or 1: 1 when the task's check passes at `stop`",
     "searchqa": "0 or 1: 1 when the answer matches a gold answer exactly (SQuAD normalisation)",
+    "miniwob": "the page's raw reward when it ends the episode: 1 success, -1 failure, partial on a few pages; "
+               "0 when the turn budget ends first",
 }
 # The settings a resumed evaluation must share with the transcripts it continues.
 SAME_FOR_RESUME = ("env", "env_options", "model", "k", "temperature", "top_p", "max_tokens", "max_context",
@@ -65,7 +67,7 @@ SAME_FOR_RESUME = ("env", "env_options", "model", "k", "temperature", "top_p", "
 
 @dataclass
 class EvalConfig:
-    env: str = doc("environment: textcraft, sciworld, babyai, webarena, searchqa, or package.module:Class", "textcraft")
+    env: str = doc("environment: textcraft, sciworld, babyai, webarena, miniwob, searchqa, or package.module:Class", "textcraft")
     env_options: str = doc("JSON object of extra keyword options for the environment constructor", "{}")
     model: str = doc("'tiny', an HF model name or directory, a checkpoint's policy/ directory, or a run "
                      "directory / checkpoints root whose `latest` file names a checkpoint", "tiny")

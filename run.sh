@@ -4,7 +4,8 @@
 #   bash run.sh train [train.py flags]   train.py with those flags (2 ranks), e.g. --env textcraft for the tiny model
 #   bash run.sh test  [pytest flags]     run the test suite
 # Set-up: creates .venv (or refreshes it when requirements.txt changed) with the exact pinned packages,
-# and installs Debian's chromium when it is missing (as root), the browser of `--env-options '{"backend": "browser"}'`.
+# and installs Debian's chromium when it is missing (as root), the browser of `--env-options '{"backend": "browser"}'`
+# and of `--env miniwob`.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}

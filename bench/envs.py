@@ -14,6 +14,8 @@ For each name in envs.REGISTRY whose module imports and builds (others are skipp
 the whole pool, one browser context per instance, the sites served over HTTP on 127.0.0.1; its RSS per
 instance is the growth of the browser's processes (renderers) per added context, and the row notes
 the RSS of the browser with no context open. `--pool 16` or 32 shows how many concurrent episodes fit.
+`miniwob` runs the same way (MiniWoB++ pages from a local HTTP server, a context per instance; a reset
+opens a fresh context): `python bench/envs.py --envs miniwob --pool 16`.
 
 Run: `python bench/envs.py [--envs sciworld babyai webarena-browser] [--pool 4] [--seconds 20]`.
 Prints a table.
@@ -73,7 +75,8 @@ def searchqa_policy(observation: str, rng: random.Random) -> str:
 
 
 POLICIES = {"sciworld": sciworld_policy, "babyai": babyai_policy, "textcraft": textcraft_policy,
-            "webarena": webarena_policy, "searchqa": searchqa_policy}
+            "webarena": webarena_policy, "searchqa": searchqa_policy,
+            "miniwob": webarena_policy}  # the same grammar; a random click often ends a MiniWoB episode
 VARIANTS = {"webarena-browser": ("webarena", {"backend": "browser"})}  # bench name -> (env, options)
 
 

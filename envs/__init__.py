@@ -65,6 +65,7 @@ REGISTRY = {
     "sciworld": "envs.sciworld:SciWorld",
     "babyai": "envs.babyai:BabyAI",
     "webarena": "envs.webarena:WebArena",
+    "miniwob": "envs.miniwob:MiniWoB",
     "searchqa": "envs.searchqa:SearchQA",
 }
 

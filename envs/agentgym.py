@@ -17,8 +17,9 @@ How an index maps, per env (`task_id`), exact or refused:
 - textcraft: refused. The original's goal order came from the file system's listing order of the
   recipe files (which also changed which recipes were kept), so its ids name different goals on
   different machines.
-- webarena: refused. `webarena_<n>` is config n of the 812 WebArena tasks on self-hosted sites; the
-  simulated sites here generate their own tasks, none of which is config n.
+- webarena: `webarena_<n>` is config n of the 812 WebArena tasks on self-hosted sites. With the real
+  configs loaded (`configs` option, e.g. "webarena" with the sites' URLs) it is task n. Exact. On the
+  simulated sites, refused: they generate their own tasks, none of which is config n.
 
 Test: `python -m pytest tests/test_agentgym_ids.py`.
 """
@@ -33,7 +34,8 @@ WHY_NOT = {
     "textcraft": ("TextCraft's AgentGym ids cannot be mapped: the original ordered its goals by the file "
                   "system's listing of the recipe files, which differs between machines"),
     "webarena": ("webarena ids name configs of the real WebArena (812 tasks on self-hosted sites); the "
-                 "simulated sites here have their own generated tasks and none of those configs"),
+                 "simulated sites here have their own generated tasks and none of those configs; load them with "
+                 "--env-options '{\"configs\": \"webarena\", \"sites\": {...}, \"auth_dir\": ...}'"),
 }
 
 
@@ -66,6 +68,8 @@ def read_items(path: str | Path, env: str) -> list[int]:
 
 def task_id(env: str, n: int, options: dict) -> int:
     """This project's task id of AgentGym's `<env>_<n>`, or ValueError (one line) saying why it has none."""
+    if env == "webarena" and options.get("configs"):  # the real configs: task ids are their task_id
+        return n
     if env in WHY_NOT:
         raise ValueError(WHY_NOT[env])
     if env == "sciworld":

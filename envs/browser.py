@@ -17,9 +17,11 @@ ids, as in WebArena, except on the local sites, whose elements carry the text re
 (`data-wa-id`, envs/websites/server.py), so both backends show the same ids.
 Actions take an id from the last observation: click, hover, type (click, select all, type, Enter),
 press, scroll (one viewport), tabs, goto, go_back / go_forward. Each returns "" or what went wrong.
+A native drop-down (<select>) shows its options even while closed (they have no box then); `type`
+into it or `click` on an option chooses that option, as a person picks from the open list.
 Departures: `type` replaces the field's text (WebArena appends), as the text renderer does; Chrome's
 `url` property of the root is left out (newer Chrome than WebArena's; the URL line has it).
-Tested through tests/test_browser.py.
+Tested through tests/test_browser.py (drop-downs: tests/test_miniwob.py).
 """
 from __future__ import annotations
 
@@ -121,10 +123,15 @@ class Context:
     """One browser context: tabs, cookies, and the ids of the last observation."""
 
     def __init__(self, browser: Browser | None = None, width: int = 1280, height: int = 720,
-                 viewport_only: bool = True, to_local: Callable[[str], str] = str, to_public: Callable[[str], str] = str):
+                 viewport_only: bool = True, to_local: Callable[[str], str] = str, to_public: Callable[[str], str] = str,
+                 stable_ids: bool = False):
         self.browser = browser or shared()
         self.viewport = {"width": width, "height": height}
         self.viewport_only, self.to_local, self.to_public = viewport_only, to_local, to_public
+        # DOM node ids continue the counter of whatever renderer process Chrome hands the tab (it reuses
+        # them), so the same page can show other ids in another context. With stable_ids, ids are numbered
+        # 1, 2, ... in order of first appearance since `open`: the same page and actions give the same ids.
+        self.stable_ids, self._numbers = stable_ids, {}
         self.context = None
         self.pages: list = []
         self.current = 0
@@ -140,6 +147,7 @@ class Context:
 
     async def _open(self, url, cookies, storage_state):
         await self._close()
+        self._numbers = {}
         chromium = await self.browser.chromium()
         self.context = await chromium.new_context(viewport=self.viewport, storage_state=storage_state)
         self.context.set_default_timeout(10000)  # a stuck action is an error text, not a hang (10 s: a busy machine is slow)
@@ -280,6 +288,8 @@ class Context:
             props = [f"{p['name']}: {p['value']['value']}" for p in node.get("properties", [])
                      if p["name"] not in IGNORED and "value" in p.get("value", {})]
             visible = b is not None and (role == "RootWebArea" or in_view(b, parent_in_view))
+            if role == "option" and b is not None and b not in boxes:  # a closed <select>'s options have no box
+                visible = parent_in_view
             shown = name is not None and visible
             if shown and not name.strip() and (role in UNNAMED_HIDDEN and not props or role == "listitem"):
                 shown = False
@@ -287,6 +297,8 @@ class Context:
                 shown = False
             if shown:
                 node_id = wa_id(b, value_id, role)
+                if self.stable_ids:
+                    node_id = self._numbers.setdefault(node_id, len(self._numbers) + 1)
                 content = f"{role} {name!r}" + "".join(" " + p for p in props)
                 lines.append("\t" * depth + f"[{node_id}] {content}")
                 self.shown.setdefault(node_id, (b, content))
@@ -339,13 +351,27 @@ class Context:
 
     async def _click(self, element_id: int):
         element = await self._element(element_id)
+        if await element.evaluate("e => e.tagName") == "OPTION":  # an option of a closed <select> cannot be clicked
+            label = await element.evaluate("e => e.label")
+            return await self._select(element.locator("xpath=ancestor::select[1]"), label)
         await self._acting(element.click())
+
+    async def _select(self, select, text: str):
+        """Choose the option of a native <select> whose label is `text` (case and spaces ignored)."""
+        labels = await select.evaluate("e => [...e.options].map(o => o.label)")
+        wanted = " ".join(text.split()).lower()
+        match = next((label for label in labels if " ".join(label.split()).lower() == wanted), None)
+        if match is None:  # select_option would wait out its whole timeout for an option that is not there
+            return f"no option {text[:50]!r} in this list; its options are {labels[:20]}"
+        await self._acting(select.select_option(label=match))
 
     async def _hover(self, element_id: int):
         await (await self._element(element_id)).hover()
 
     async def _type(self, element_id: int, text: str, enter: bool):
         element = await self._element(element_id)
+        if await element.evaluate("e => e.tagName") == "SELECT":  # a drop-down: typing picks the option named so
+            return await self._select(element, text)
         await element.click()
         await self.page.keyboard.press("ControlOrMeta+a")  # replace, as the text renderer does
         await self.page.keyboard.insert_text(text)  # one input event, not a key event per character: faster
@@ -428,6 +454,34 @@ class Context:
             return self.browser.run(self.page.evaluate(f"() => {expression}"))
         except PlaywrightError:
             return None
+
+    def read(self, url: str | None, expression: str | None, prep: list[str] = ()):
+        """What WebArena's program_html reads, as its text: `str()` of the value of a JavaScript expression
+        (so null is "None", as in WebArena; "" when it throws), or the page's HTML for None, after the
+        `prep` statements, in a new tab at `url` that is closed afterwards (the current tab for None).
+        The agent's own tab is never moved: a later `last` target and url_match still see its page."""
+        return self.browser.run(self._read(url, expression, list(prep)))
+
+    async def _read(self, url, expression, prep):
+        page = self.page
+        if url is not None:
+            page = await self.context.new_page()
+            await page.goto(url, wait_until="load")
+        try:
+            if expression is None:
+                return await page.content()
+            try:
+                for statement in prep:
+                    await page.evaluate(f"() => {statement}")
+            except PlaywrightError:  # as WebArena: a failing preparation stops the others, the reading goes on
+                pass
+            try:
+                return str(await page.evaluate(f"() => {expression}"))
+            except PlaywrightError:
+                return ""
+        finally:
+            if url is not None:
+                await page.close()
 
     def screenshot(self, path: str) -> None:
         self.browser.run(self.page.screenshot(path=path))

@@ -27,13 +27,15 @@ rewards and the same ids, roles and names (tests/test_browser.py).
 The real WebArena: `configs` (a directory of WebArena task configs, or one JSON list of them) and `sites`
 (each site's URL) load those tasks instead, in the browser, scored by WebArena's own evaluators
 (envs/webarena_configs.py): `--env-options '{"configs": "config_files", "sites": {"shopping":
-"http://host:7770", ...}, "auth_dir": ".auth"}'`.
+"http://host:7770", ...}, "auth_dir": ".auth"}'`; `"configs": "webarena"` loads the 812 original
+configs of the libwebarena package. Task ids are then the configs' task_id.
 
 Departures from WebArena: the local sites are small Python simulations, not the docker images; data
 and tasks are generated (a few hundred tasks, about 35 templates) instead of the 812 human-written
 ones; `type` replaces a field's text instead of appending to it; with the text backend no site is ever
 fetched (a URL outside the simulated hosts gets an error page).
-Test: `python -m pytest tests/test_webarena.py tests/test_browser.py tests/test_webarena_configs.py`.
+Test: `python -m pytest tests/test_webarena.py tests/test_browser.py tests/test_webarena_configs.py
+tests/test_webarena_812.py`.
 """
 from __future__ import annotations
 
@@ -172,6 +174,7 @@ class WebArena:
             from . import webarena_configs
             self.configs = webarena_configs.load(configs, sites or {}, auth_dir, judge, skip_unsupported)
             self.task_list, self.backend = self.configs.tasks, "browser"
+            self._by_id = {t.config["task_id"]: t for t in self.task_list}
             to_local, to_public = self.configs.to_local, self.configs.to_public
         else:
             self.world0 = build_world(seed)  # pristine data; every episode plays on a deep copy
@@ -191,15 +194,22 @@ class WebArena:
     def tasks(self, split: str) -> list[int]:
         if split not in ("train", "test"):
             raise ValueError(f"unknown split {split!r}; choose 'train' or 'test'")
-        if self.configs is not None:  # a directory of WebArena configs is one evaluation set
-            return list(range(len(self.task_list)))
+        if self.configs is not None:  # WebArena's configs are one evaluation set, numbered by their task_id
+            return list(self._by_id)
         return [i for i in range(len(self.task_list)) if (i % self.test_every == 0) == (split == "test")]
 
+    def _task(self, task_id: int):
+        if self.configs is None:
+            return self.task_list[task_id]
+        if task_id not in self._by_id:
+            raise ValueError(f"no loaded WebArena config has task_id {task_id} (loaded: {len(self._by_id)} configs)")
+        return self._by_id[task_id]
+
     def subtask(self, task_id: int) -> str:
-        return self.task_list[task_id].site
+        return self._task(task_id).site
 
     def reset(self, task_id: int) -> str:
-        self.task = self.task_list[task_id]
+        self.task = self._task(task_id)
         self.success = self.done = False
         self.previous, self.reward = "None", 0.0
         if self.configs is not None:
@@ -273,14 +283,14 @@ class WebArena:
         return f"{said} ({error})" if error else said
 
     def _evaluate(self, answer: str) -> tuple[float, str]:
-        """(score, "") or (0, why it could not be scored: the browser died before the evaluators ran)."""
+        """(score, "") or (0, why it could not be scored: the browser died, or a site's API did not answer)."""
         task = self.task
         if self.configs is not None:
             from .browser import PlaywrightError
             try:
                 return self.configs.evaluate(task, answer, self.view), ""
-            except PlaywrightError as error:
-                return 0.0, str(error).splitlines()[0][:200]
+            except (PlaywrightError, OSError) as error:  # OSError: the shop's REST API did not answer
+                return 0.0, (str(error).splitlines() or [type(error).__name__])[0][:200]
         if task.kind == "info":
             return float(any(normalize(answer) == normalize(a) for a in task.answers)), ""
         if task.kind == "nav":

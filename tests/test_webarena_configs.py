@@ -7,7 +7,8 @@ Checked: the loader (placeholders, several files, a missing site, a missing logi
 judge refused, skip_unsupported), and each evaluator passing on a right episode and failing on a wrong
 one: exact_match, must_include (one-character references as whole tokens), url_match with |OR| and
 query values, program_html (exact_match on a form value, must_include with |OR| on a page after a state
-change, `last`, the func: URL helper), and fuzzy_match through an opt-in judge.
+change, `last`, the func: URL helper, other URLs read in a new tab so that `last` is still the agent's
+page), and fuzzy_match through an opt-in judge.
 
 Run: python -m pytest tests/test_webarena_configs.py
 """
@@ -88,19 +89,19 @@ def test_loader_checks_sites_logins_and_judge(local):
     with pytest.raises(ValueError, match="login states.*local_state.json.*auto_login"):
         make("webarena", configs=folder, sites=sites, skip_unsupported=True)
     env = make("webarena", configs=folder, sites=sites, auth_dir=auth, skip_unsupported=True)
-    assert [t.config["task_id"] for t in env.task_list] == [1] and env.subtask(0) == "shopping"
-    assert env.task_list[0].start_url == sites["shopping"] and env.tasks("test") == [0]
+    assert [t.config["task_id"] for t in env.task_list] == [1] and env.subtask(1) == "shopping"
+    assert env.task_list[0].start_url == sites["shopping"] and env.tasks("test") == [1]  # ids: the configs' task_id
     env = make("webarena", configs=folder, sites=sites, auth_dir=auth, judge="tests.test_webarena_configs:judge")
     assert len(env.task_list) == 2
-    obs = env.reset(0)
+    obs = env.reset(1)
     assert "URL: http://onestopmarket.com/" in obs and "RootWebArea 'One Stop Market'" in obs  # public names
     assert act(env, f"stop [{product.price:,.2f}]")[1] == 0.0  # exact_match: the $ is part of the reference
-    env.reset(0)
-    assert act(env, f"stop ['${product.price:,.2f}']")[1] == 1.0  # quotes and case are cleaned away
     env.reset(1)
+    assert act(env, f"stop ['${product.price:,.2f}']")[1] == 1.0  # quotes and case are cleaned away
+    env.reset(2)
     JUDGED.clear()
     assert act(env, "stop [It is Cheap]")[1] == 1.0 and JUDGED == [("fuzzy_match", "Describe it", "cheap", "it is cheap")]
-    env.reset(1)
+    env.reset(2)
     assert act(env, "stop [pricey]")[1] == 0.0
     env.close()
 
@@ -114,15 +115,15 @@ def test_string_and_url_evaluators(local):
                     ["url_match"], reference_url="__GITLAB__/byteblaze/dotfiles/-/issues?state=closed |OR| "
                                                  "__GITLAB__/byteblaze/dotfiles/-/issues?state=merged")
     env = make("webarena", configs=write(root, "strings", [who, closed]), sites=sites, auth_dir=str(root / "auth"))
-    obs = env.reset(0)
+    obs = env.reset(10)
     assert f"Customer Name: {order.customer}" in obs
     assert act(env, f"stop [The order was placed by {order.customer.upper()}.]")[1] == 1.0
-    env.reset(0)
+    env.reset(10)
     assert act(env, f"stop [{order.customer.split()[0]}]")[1] == 0.0  # every listed string must be in
-    obs = env.reset(1)
+    obs = env.reset(11)
     obs = act(env, f"click [{ids(obs, 'link', 'Issues ', prefix=True)}]")[0]
     assert act(env, "stop []")[1] == 0.0  # the open issues: the state query does not match
-    obs = env.reset(1)
+    obs = env.reset(11)
     obs = act(env, f"click [{ids(obs, 'link', 'Issues ', prefix=True)}]")[0]
     obs = act(env, f"click [{ids(obs, 'link', 'Closed ', prefix=True)}]")[0]
     assert "URL: http://gitlab.com/byteblaze/dotfiles/-/issues?state=closed" in obs
@@ -148,17 +149,27 @@ def test_program_html_reads_the_sites_state(local):
                          {"url": "func:reddit_get_post_url('__last_url__')", "locator": "document.body.outerText",
                           "required_contents": {"must_include": ["Nice one |OR| Nice 1", "MarvelsGrantMan136"]}},
                          {"url": "last", "locator": "", "required_contents": {"must_include": ["Nice one"]}}])
-    env = make("webarena", configs=write(root, "programs", [price, comment]), sites=sites, auth_dir=str(root / "auth"))
+    # WebArena reads a target URL in a new tab: a later `last` target still reads the agent's own page.
+    tabs = config(22, f"Look at {product.name}", f"__SHOPPING_ADMIN__/catalog/product/edit/id/{product.id}",
+                  ["url_match", "program_html"],
+                  reference_url=f"__SHOPPING_ADMIN__/catalog/product/edit/id/{product.id}", program_html=[
+                      {"url": f"__REDDIT__/f/{post.forum}/{post.id}", "locator": "document.body.outerText",
+                       "required_contents": {"must_include": [post.title]}},
+                      {"url": "last", "locator": "", "required_contents": {"must_include": [product.name]}}])
+    env = make("webarena", configs=write(root, "programs", [price, comment, tabs]), sites=sites,
+               auth_dir=str(root / "auth"))
+    env.reset(22)
+    assert act(env, "stop []")[1] == 1.0 and len(env.view.pages) == 1  # the evaluator's tab is closed again
     before = product.price
-    obs = env.reset(0)
+    obs = env.reset(20)
     assert act(env, "stop []")[1] == 0.0  # untouched: the price is still the old one
-    obs = env.reset(0)
+    obs = env.reset(20)
     obs = act(env, f"type [{ids(obs, 'textbox', 'Price')}] [7.77] [0]")[0]
     obs = act(env, f"click [{ids(obs, 'button', 'Save')}]")[0]
     assert "You saved the product." in obs and world["store"].product(product.id).price == 7.77 != before
     assert act(env, "stop []")[1] == 1.0
     for text, reward in (("Nice 2", 0.0), ("Nice one", 1.0)):  # the world keeps the first comment: 0 then 1
-        obs = env.reset(1)
+        obs = env.reset(21)
         obs = act(env, f"type [{ids(obs, 'textbox', 'Comment')}] [{text}] [0]")[0]
         obs = act(env, f"click [{ids(obs, 'button', 'Post')}]")[0]
         assert "Your comment was posted." in obs
