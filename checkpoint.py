@@ -229,13 +229,21 @@ def verify(ckpt: Path, rank: int, world: int) -> str | None:
 
 def resumable(root: str | Path, rank: int, world: int) -> Path | None:
     """Collective: the newest complete checkpoint under `root` (None if there is none at all); every
-    newer broken one is skipped with a one-line warning. Exits with a one-line error if all are broken."""
+    newer broken one is skipped with a one-line warning and renamed `broken_step_*`. Exits with a one-line
+    error if all are broken (then nothing is renamed)."""
     candidates = sorted((p for p in Path(root).glob("step_*") if p.is_dir()), reverse=True)
-    for ckpt in candidates:
+    for i, ckpt in enumerate(candidates):
         problem = verify(ckpt, rank, world)
         if problem is None:
             if rank == 0 and latest(root) != ckpt:  # a crash between the rename and `latest`, or a broken newest
                 _replace_pointer(Path(root), ckpt.name)
+            if rank == 0:
+                # Broken newer ones are renamed out of the `step_*` set (kept for a look, never loaded): left
+                # there, they would count among the `keep` newest and let pruning delete this good one.
+                for broken in candidates[:i]:
+                    aside = broken.with_name("broken_" + broken.name)
+                    shutil.rmtree(aside, ignore_errors=True)  # the same step broken twice: keep the newer
+                    broken.rename(aside)
             return ckpt
         if rank == 0:
             print(f"warning: checkpoint {ckpt} is unusable ({problem}); trying the previous one", file=sys.stderr,

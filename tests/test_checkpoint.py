@@ -94,6 +94,8 @@ def test_round_trip_and_fallback_from_a_broken_newest_checkpoint(tmp_path, capsy
     assert checkpoint.resumable(root, 0, 1) == root / "step_000001"
     warning = capsys.readouterr().err.strip().splitlines()
     assert len(warning) == 1 and "step_000002" in warning[0] and "truncated" in warning[0]
+    # moved out of the step_* set, so pruning after the next save cannot keep it and delete step_000001
+    assert (root / "broken_step_000002").is_dir() and not (root / "step_000002").exists()
 
     victim = sorted(p for p in (root / "step_000001").rglob("*") if p.is_file() and p.name != "state.json")[0]
     data = bytearray(victim.read_bytes())
@@ -102,7 +104,8 @@ def test_round_trip_and_fallback_from_a_broken_newest_checkpoint(tmp_path, capsy
     with pytest.raises(SystemExit):
         checkpoint.resumable(root, 0, 1)
     lines = capsys.readouterr().err.strip().splitlines()
-    assert "corrupted" in lines[1] and lines[-1].startswith("error: no complete checkpoint")
+    assert "corrupted" in lines[0] and lines[-1].startswith("error: no complete checkpoint")
+    assert (root / "step_000001").is_dir()  # with no complete checkpoint, nothing is moved
 
 
 class _Evil:
