@@ -61,7 +61,7 @@ import time
 from pathlib import Path
 
 from . import browser
-from .webarena import _BLOCK, HELP, INSTRUCTION, parse
+from .webarena import _BLOCK, HELP, INSTRUCTION, observation, parse
 
 LEFT_OUT = {
     **dict.fromkeys(["drag-box", "drag-circle", "drag-cube", "drag-items", "drag-items-grid", "drag-shapes",
@@ -260,9 +260,7 @@ class MiniWoB:
     def observe(self) -> str:
         self.view.script(_IMAGES)
         self.view.script(_ANNOTATE)
-        tabs, tree, address = self.view.observe()
-        return (f"OBSERVATION:\n{tabs}\n\n{tree}\nURL: {address}\n"
-                f"OBJECTIVE: {self.utterance}\nPREVIOUS ACTION: {self.previous}")
+        return observation(self.view, self.utterance, self.previous)
 
     # ------------------------------------------------------------------ actions
     def _execute(self, action: str) -> str:

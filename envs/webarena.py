@@ -93,6 +93,13 @@ _KEYS = {k.lower() for k in ["Enter", "Tab", "Escape", "Backspace", "Delete", "S
 _MAX_ACTION_CHARS = 2000  # a 10k-character `type` is a degenerate reply, not a web action
 
 
+def observation(view, objective: str, previous: str) -> str:
+    """WebArena's observation text: the tabs, the accessibility tree and URL of a view, the objective, and
+    what the previous action did (shared by every env that speaks this interface, e.g. MiniWoB++)."""
+    tabs, tree, address = view.observe()
+    return f"OBSERVATION:\n{tabs}\n\n{tree}\nURL: {address}\nOBJECTIVE: {objective}\nPREVIOUS ACTION: {previous}"
+
+
 def normalize(answer: str) -> str:
     """Case, spaces, quotes and a final period ignored; numbers compared as numbers ($ and , dropped)."""
     s = " ".join(answer.strip().strip("\"'` ").lower().split()).rstrip(".").strip()
@@ -249,9 +256,7 @@ class WebArena:
                 self.server.close_world(f"{id(self):x}")
 
     def observe(self) -> str:
-        tabs, tree, address = self.view.observe()
-        return (f"OBSERVATION:\n{tabs}\n\n{tree}\nURL: {address}\n"
-                f"OBJECTIVE: {self.task.objective}\nPREVIOUS ACTION: {self.previous}")
+        return observation(self.view, self.task.objective, self.previous)
 
     # ------------------------------------------------------------------ actions
     def _execute(self, action: str) -> str:
