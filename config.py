@@ -117,12 +117,33 @@ def smollm2(env: str | None = None) -> Config:
     from the paper's 0.001, sparing the reference model's forward on 2 cores); BabyAI's brief instruction.
     A 4-turn stage was tried and dropped: the warm-started model finished almost no task in 4 turns, so
     those steps' groups were all zero and taught nothing. Held-out evaluation before RL and every 6 steps.
-    train.py took 23 minutes on 2 cores (README, Results)."""
+    train.py took 23 minutes on 2 cores (README, Results).
+
+    `--env miniwob`: the same recipe on the ten MiniWoB++ pages that envs/miniwob_expert.py solves (see
+    `miniwob_recipe`)."""
     env = env or "babyai"
+    if env == "miniwob":
+        return miniwob_recipe()
     return Config(env=env, env_options='{"brief": true}' if env == "babyai" else "{}", model="smollm2", algo="grpo",
                   steps=12, tasks_per_step=8, samples_per_task=4, horizon="6,8@6", max_tokens=40, max_context=2048,
                   temperature=1.0, lr=3e-5, kl_coef=0.0, micro_tokens=2048, checkpointing=False, train_layers=15,
                   eval_every=6, eval_tasks=40, bc_episodes=400, bc_epochs=1, bc_lr=1e-4, bc_batch=8,
+                  out="runs/{env}-smollm2")
+
+
+MINIWOB_PAGES = ["click-button", "unicode-test", "click-link", "enter-text", "click-checkboxes", "login-user",
+                 "choose-list", "click-tab", "email-inbox-delete", "click-option"]
+
+
+def miniwob_recipe() -> Config:
+    """SmolLM2 on ten MiniWoB++ pages in Chromium: a warm start on the scripted expert's episodes of
+    train seeds, then GRPO under ScalingInter stages of 3 and 6 turns (most pages take 1-3 actions,
+    click-checkboxes up to 6). Replies are short (one sentence and the action: 48 tokens), and the
+    instruction is the env's brief one (140 tokens instead of 530: every episode carries it)."""
+    return Config(env="miniwob", env_options=json.dumps({"pages": MINIWOB_PAGES, "brief": True}), model="smollm2", algo="grpo",
+                  steps=12, tasks_per_step=8, samples_per_task=4, horizon="3,6@6", max_tokens=48, max_context=2048,
+                  temperature=1.0, lr=3e-5, kl_coef=0.0, micro_tokens=2048, checkpointing=False, train_layers=15,
+                  eval_every=6, eval_tasks=40, bc_episodes=160, bc_epochs=1, bc_lr=1e-4, bc_batch=8,
                   out="runs/{env}-smollm2")
 
 

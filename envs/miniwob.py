@@ -48,7 +48,8 @@ hover-shape); native date/time pickers that `type` cannot fill (enter-date, ente
 offered pages, the tests solve ten; the others were judged from their source and their first
 observation, not each solved.
 
-Options: pages (a list of page names; default all offered), test_seeds, train_seeds, width, height.
+Options: pages (a list of page names; default all offered), test_seeds, train_seeds, width, height, brief
+(a 140-token instruction instead of the web env's 530, for the CPU recipe).
 Test: python -m pytest tests/test_miniwob.py. Bench: python bench/envs.py --envs miniwob --pool 16.
 """
 from __future__ import annotations
@@ -60,7 +61,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import browser
+from . import browser, miniwob_expert
 from .webarena import _BLOCK, HELP, INSTRUCTION, observation, parse
 
 LEFT_OUT = {
@@ -88,6 +89,16 @@ INSTRUCTION_MINIWOB = INSTRUCTION.replace(
     "The homepage http://homepage.com lists the websites you can visit. You are already logged in on every site.",
     "Each task is a small web page; the objective says what to do on it. The episode ends when the page "
     "has judged your actions.")
+
+# The whole instruction in about 140 tokens instead of about 530: every token of it is prefilled in
+# every rollout and run forward and backward in every update, which on 2 CPU cores is most of a step's
+# time. Opt-in (`brief=True`), for the CPU learning recipe; same grammar, same reply format.
+BRIEF_INSTRUCTION = """You operate a web page to complete a task. Each turn you see the page as an accessibility tree, \
+one element per line as [id] role 'name', and the OBJECTIVE.
+Actions: click [id], type [id] [text] [press_enter_after=0|1], hover [id], press [key_comb], scroll [up|down], \
+stop [answer].
+Reply with one short sentence, then end with "In summary, the next action I will perform is" followed by \
+one action inside ``````, e.g. In summary, the next action I will perform is ```click [12]```"""
 
 # Run in the page after load: the harness's own widgets out of sight, no real-time limit.
 _SETUP = """(() => {
@@ -195,7 +206,8 @@ class MiniWoB:
     instruction = INSTRUCTION_MINIWOB
 
     def __init__(self, pages: list[str] | None = None, test_seeds: int = 100, train_seeds: int = 10_000,
-                 width: int = 1280, height: int = 720):
+                 width: int = 1280, height: int = 720, brief: bool = False):
+        self.instruction = BRIEF_INSTRUCTION if brief else INSTRUCTION_MINIWOB
         known = set(all_pages())
         self.pages = list(pages) if pages else offered_pages()
         unknown = [p for p in self.pages if p not in known]
@@ -235,7 +247,8 @@ class MiniWoB:
             time.sleep(0.05)
             state = self.view.script(_STATE)
         self.utterance = state[3] if state else "(the page did not load; reset again)"
-        return self.observe()
+        self.first, self._plan = self.observe(), None
+        return self.first
 
     def step(self, text: str) -> tuple[str, float, bool]:
         if self.task is None:
@@ -252,6 +265,16 @@ class MiniWoB:
         if self.done:
             return f"{self.previous}\nThe episode is over: the page gave reward {self.reward:g}.", self.reward, True
         return self.observe(), 0.0, False
+
+    def expert(self) -> str:
+        """The scripted expert's reply for the current state (envs/miniwob_expert.py): the whole plan is
+        read from the episode's first observation, one step per call."""
+        if self.task is None or self.done:
+            raise RuntimeError("the episode is over: reset the environment before asking the expert")
+        if self._plan is None:
+            self._plan = miniwob_expert.plan(self.task[0], self.first)
+        step = self._plan.pop(0) if self._plan else ("The plan is done but the page has not ended.", "stop [done]")
+        return miniwob_expert.reply(*step)
 
     def close(self) -> None:
         self.task = None

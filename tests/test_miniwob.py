@@ -1,4 +1,4 @@
-"""MiniWoB++ in the real browser: a scripted solver that reads only the observation text reaches reward 1
+"""MiniWoB++ in the real browser: the scripted expert, reading only the observation text, reaches reward 1
 on ten pages of different kinds (buttons, links, text, checkboxes, login form, drop-down, tabs, email
 icons, radio buttons, non-ASCII labels); a wrong click gets the page's -1; the same task id gives the
 same text; bad actions give clear observations and change nothing (a drop-down refuses an unknown
@@ -17,6 +17,7 @@ import pytest
 
 from envs import make
 from envs.miniwob import LEFT_OUT, all_pages, offered_pages
+from envs.miniwob_expert import PLANNERS, objective, quoted
 
 
 def element(obs, role, name):
@@ -26,52 +27,7 @@ def element(obs, role, name):
     return m[1]
 
 
-def quoted(utterance):
-    return re.findall(r'"([^"]*)"', utterance)
-
-
-def objective(obs):
-    return obs.split("\nOBJECTIVE: ")[1].split("\nPREVIOUS ACTION:")[0]
-
-
-def solve(page, obs):
-    """The actions that complete this page's problem, read from the first observation."""
-    goal = objective(obs)
-    if page in ("click-button", "unicode-test"):  # unicode-test: "ÖK", "ヘルプ" (the pages are UTF-8)
-        return [f"click [{element(obs, 'button', quoted(goal)[0])}]"]
-    if page == "click-link":  # the links are spans with a click handler, shown as links; case matters
-        return [f"click [{element(obs, 'link', quoted(goal)[0])}]"]
-    if page == "enter-text":
-        return [f"type [{element(obs, 'textbox', '')}] [{quoted(goal)[0]}] [0]", f"click [{element(obs, 'button', 'Submit')}]"]
-    if page == "click-checkboxes":
-        wanted = re.fullmatch(r"Select (.*) and click Submit\.", goal)[1]
-        names = [] if wanted == "nothing" else wanted.split(", ")
-        return [f"click [{element(obs, 'checkbox', n)}]" for n in names] + [f"click [{element(obs, 'button', 'Submit')}]"]
-    if page == "login-user":
-        user, password = quoted(goal)
-        boxes = re.findall(r"\[(\d+)\] textbox ''", obs)
-        return [f"type [{boxes[0]}] [{user}] [0]", f"type [{boxes[1]}] [{password}] [0]",
-                f"click [{element(obs, 'button', 'Login')}]"]
-    if page == "choose-list":  # the options of the closed drop-down are in the tree: click one
-        item = re.fullmatch(r"Select (.*) from the list and click Submit\.", goal)[1]
-        return [f"click [{element(obs, 'option', item)}]", f"click [{element(obs, 'button', 'Submit')}]"]
-    if page == "click-tab":
-        tab = re.fullmatch(r"Click on (.*)\.", goal)[1]
-        return [f"click [{element(obs, 'link', tab)}]"]
-    if page == "email-inbox-delete":  # the trash icon of the sender's row: the first one after the name
-        sender = re.fullmatch(r"Find the email by (.*) and click the trash icon to delete it\.", goal)[1]
-        inbox = obs.split("heading 'Primary'", 1)[1]  # the utterance above names the sender too
-        after = inbox.split(f"StaticText '{sender}'", 1)[1]
-        trash = re.search(r"\[(\d+)\] image 'trash'", after)[1]
-        return [f"click [{trash}]"]
-    if page == "click-option":  # radio buttons
-        return [f"click [{element(obs, 'radio', re.search(r'Select (.*) and click Submit', goal)[1])}]",
-                f"click [{element(obs, 'button', 'Submit')}]"]
-    raise KeyError(page)
-
-
-SOLVED = ["click-button", "click-link", "enter-text", "click-checkboxes", "login-user", "choose-list", "click-tab",
-          "email-inbox-delete", "click-option", "unicode-test"]
+SOLVED = list(PLANNERS)
 
 
 @pytest.fixture(scope="module")
@@ -98,18 +54,34 @@ def test_pages_splits_and_subtasks():
 
 
 @pytest.mark.parametrize("page", SOLVED)
-def test_scripted_solver_reaches_reward_1(env, page):
-    for seed in (3,):  # more seeds pass as well (e.g. 0-9); one keeps the test fast
+def test_expert_reaches_reward_1(env, page):
+    """The expert (envs/miniwob_expert.py) reads only the text and completes the page, in replies the
+    env parses like a model's."""
+    for seed in (3,):  # more seeds pass too (train seeds 100-129: 300 of 300 episodes); one keeps it fast
         task_id = seed * len(SOLVED) + SOLVED.index(page)
         obs = env.reset(task_id)
         assert env.subtask(task_id) == page and "URL: http://miniwob.farama.org/miniwob/" in obs
-        actions = solve(page, obs)
-        for k, action in enumerate(actions):
-            obs, reward, done = act(env, action)
-            if k + 1 < len(actions):
-                assert not done and reward == 0.0 and "Invalid" not in obs and "could not" not in obs, obs
-        assert (reward, done, env.success) == (1.0, True, True), (page, seed, actions, obs)
+        for turn in range(8):
+            reply = env.expert()
+            assert reply.startswith(("Click", "Type")) and "In summary, the next action I will perform is ```" in reply
+            obs, reward, done = env.step(reply)
+            if done:
+                break
+            assert reward == 0.0 and "Invalid" not in obs and "could not" not in obs, obs
+        assert (reward, done, env.success) == (1.0, True, True), (page, seed, obs)
         assert "The episode is over: the page gave reward 1" in obs
+        with pytest.raises(RuntimeError, match="reset"):
+            env.expert()
+
+
+def test_expert_without_a_plan_stops():
+    env = make("miniwob", pages=["click-dialog"])
+    try:
+        env.reset(0)
+        reply = env.expert()
+        assert reply.endswith("```stop [no plan]```") and env.step(reply)[1:] == (0.0, True)
+    finally:
+        env.close()
 
 
 def test_wrong_answer_gets_the_page_reward(env):
