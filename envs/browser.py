@@ -402,5 +402,6 @@ class Context:
             if url is not None:
                 await page.close()
 
-    def screenshot(self, path: str) -> None:
-        self.browser.run(self.page.screenshot(path=path))
+    def screenshot(self, path: str, clip: dict | None = None) -> None:
+        """A PNG of the current page; `clip` {x, y, width, height} in CSS pixels keeps one region."""
+        self.browser.run(self.page.screenshot(path=path, clip=clip))
