@@ -36,6 +36,15 @@ from typing import Iterable
 
 import torch
 
+# oneDNN keeps every GEMM primitive (JIT-compiled kernel) it creates in a process-wide cache, 1024 entries by
+# default. vLLM's CPU linear layers create one per distinct number of tokens in a forward pass, and
+# multi-turn rollouts with prefix caching make almost every prefill's token count new: the cache filled
+# with one-off kernels, about 1 MB of live heap per generate call, which showed up as a steady RSS growth
+# of every rank over a long run (bench/soak.py). A small cap bounds it: vLLM's per-layer handlers keep
+# their own small cache of the shapes that recur (decode batch sizes), and a shape seen again after its
+# eviction is only compiled again. Set before any primitive is created: oneDNN reads it once.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
+
 
 @dataclass
 class Sampling:
