@@ -67,6 +67,41 @@ def _all_gather(obj) -> list:
     return out
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a directory that is not writable). Raised on every
+    rank alike, after the half-written directory is removed; the previous checkpoint is untouched."""
+
+
+class _Writes:
+    """One rank's file writes during a save. The first failure is kept and this rank's later writes are
+    skipped, but the rank still joins every collective of the save, and `_agree` then raises on every rank
+    at once: a full disk on rank 0 must not leave the other ranks in a barrier until the collective timeout
+    (an hour, train.COLLECTIVE_TIMEOUT_MIN) while rank 0 dies with a traceback from deep in safetensors."""
+
+    def __init__(self):
+        self.error: str | None = None
+
+    def __call__(self, fn, *args, collective: bool = False, **kwargs) -> None:
+        """Run a write; `collective`: every rank must call it, so it runs even after a failure."""
+        if self.error is None or collective:
+            try:
+                fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - OSError, safetensors' and torch's own write errors, DCP's
+                self.error = self.error or f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def _agree(writes: _Writes, tmp: Path, rank: int) -> None:
+    """Collective, in place of a barrier: if any rank's writes failed, remove the half-written directory
+    and raise CheckpointError on every rank, naming the first failure."""
+    errors = _all_gather(writes.error)
+    failed = [(r, e) for r, e in enumerate(errors) if e]
+    if failed:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        r, error = failed[0]
+        raise CheckpointError(f"checkpoint {tmp.name.strip('.').removesuffix('.tmp')} not written (rank {r}: {error})")
+
+
 def latest(root: str | Path) -> Path | None:
     pointer = Path(root) / "latest"
     return Path(root) / pointer.read_text().strip() if pointer.exists() else None
@@ -93,14 +128,34 @@ def digest(path: Path) -> tuple[int, int]:
     return size, crc
 
 
-def _seal_files(directory: Path, rank: int, world: int) -> dict:
+def _seal_files(directory: Path, rank: int, world: int, writes: _Writes) -> dict:
     """Collective: fsync and digest every file under `directory`, each rank a share; the whole list."""
     files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
     mine = {}
-    for rel in files[rank::world]:
-        fsync(directory / rel)
-        mine[rel] = list(digest(directory / rel))
+
+    def seal():
+        for rel in files[rank::world]:
+            fsync(directory / rel)
+            mine[rel] = list(digest(directory / rel))
+    writes(seal)
     return {k: v for part in _all_gather(mine) for k, v in part.items()}
+
+
+def _publish(root: Path, tmp: Path, name: str, meta: dict, keep: int) -> None:
+    """Rank 0: state.json last, everything fsynced, the rename into place, then `latest`, then pruning."""
+    with open(tmp / "state.json", "w") as f:
+        json.dump(meta, f)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dirs(tmp)
+    final = root / name
+    shutil.rmtree(final, ignore_errors=True)  # a step redone after resuming from an older checkpoint
+    tmp.rename(final)
+    fsync(root)
+    faults.point("before_latest")
+    _replace_pointer(root, name)
+    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _fsync_dirs(directory: Path) -> None:
@@ -140,48 +195,39 @@ def save(root: str | Path, step: int, models: dict, optimizers: dict, tokenizer,
     root = Path(root)
     name = f"step_{step:06d}"
     tmp = root / f".{name}.tmp"
+    writes = _Writes()
     if rank == 0:
         for stale in root.glob(".step_*.tmp"):  # left by a crash during an earlier save
             shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    _barrier()
+        writes(tmp.mkdir, parents=True)
+    _agree(writes, tmp, rank)
+    faults.point("disk_full")
     for key, model in models.items():
         if sharded:
             state = _gathered(model, dtype, rank)
             if rank == 0:
-                model.save_pretrained(tmp / key, state_dict=state)
+                writes(model.save_pretrained, tmp / key, state_dict=state)
             del state
-            dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizers[key])},
-                     checkpoint_id=tmp / f"dcp_{key}")
+            state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizers[key])}
+            writes(dcp.save, state, checkpoint_id=tmp / f"dcp_{key}", collective=True)
         else:
             state = get_model_state_dict(model, options=FULL)          # gathered on rank 0 only
             optim = get_optimizer_state_dict(model, optimizers[key], options=FULL)
             if rank == 0:
-                model.save_pretrained(tmp / key, state_dict=state)
-                torch.save(optim, tmp / f"optim_{key}.pt")
+                writes(model.save_pretrained, tmp / key, state_dict=state)
+                writes(torch.save, optim, tmp / f"optim_{key}.pt")
             del state, optim
     faults.point("checkpoint_write")
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / f"rng_rank{rank}.pt")
+    writes(torch.save, {"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / f"rng_rank{rank}.pt")
     if rank == 0:
-        tokenizer.save_pretrained(tmp / "policy")
-    _barrier()
-    files = _seal_files(tmp, rank, world)
+        writes(tokenizer.save_pretrained, tmp / "policy")
+    _agree(writes, tmp, rank)
+    files = _seal_files(tmp, rank, world, writes)
+    _agree(writes, tmp, rank)
     if rank == 0:
-        meta = {"step": step, "world": world, "format": "sharded" if sharded else "full", "files": files}
-        with open(tmp / "state.json", "w") as f:
-            json.dump(meta, f)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dirs(tmp)
-        final = root / name
-        shutil.rmtree(final, ignore_errors=True)  # a step redone after resuming from an older checkpoint
-        tmp.rename(final)
-        fsync(root)
-        faults.point("before_latest")
-        _replace_pointer(root, name)
-        for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+        writes(_publish, root, tmp, name, {"step": step, "world": world, "format": "sharded" if sharded else "full",
+                                           "files": files}, keep)
+    _agree(writes, tmp, rank)
     return root / name
 
 

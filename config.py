@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import framing as framings
 import schedule as schedules
@@ -99,6 +100,8 @@ class Config:
                                  "directory, in the compute dtype) or auto (sharded on cuda, full on cpu)", "auto")
     resume: bool = doc("continue from the newest complete checkpoint in --out (a broken one is skipped)", False)
     env_workers: int = doc("threads stepping environments concurrently per rank", 8)
+    env_timeout: float = doc("seconds an env reset or step may take before its episode is flagged env_error and "
+                             "the env replaced (a hung simulator); 0: no limit", 300.0)
     preset: str = doc("starting point before flags apply: cpu, smollm2 or paper (none given: cpu, for the tiny "
                       "model on a CPU only)", "")
 
@@ -136,14 +139,17 @@ MINIWOB_PAGES = ["click-button", "unicode-test", "click-link", "enter-text", "cl
 
 
 def miniwob_recipe() -> Config:
-    """SmolLM2 on ten MiniWoB++ pages in Chromium: a warm start on the scripted expert's episodes of
-    train seeds, then GRPO under ScalingInter stages of 3 and 6 turns (most pages take 1-3 actions,
-    click-checkboxes up to 6). Replies are short (one sentence and the action: 48 tokens), and the
-    instruction is the env's brief one (140 tokens instead of 530: every episode carries it)."""
-    return Config(env="miniwob", env_options=json.dumps({"pages": MINIWOB_PAGES, "brief": True}), model="smollm2", algo="grpo",
-                  steps=12, tasks_per_step=8, samples_per_task=4, horizon="3,6@6", max_tokens=48, max_context=2048,
-                  temperature=1.0, lr=3e-5, kl_coef=0.0, micro_tokens=2048, checkpointing=False, train_layers=15,
-                  eval_every=6, eval_tasks=40, bc_episodes=160, bc_epochs=1, bc_lr=1e-4, bc_batch=8,
+    """SmolLM2 on ten MiniWoB++ pages in Chromium, within 30 minutes on 2 cores: a warm start on the
+    scripted expert's episodes of 100 train seeds, then 8 GRPO steps under ScalingInter stages of 3 and
+    5 turns (most pages take 1-3 actions, click-checkboxes up to 5). Replies are short (one sentence and
+    the action: 48 tokens), and the instruction is the env's brief one (140 tokens instead of 530).
+    An episode here is long (the accessibility tree comes back every turn), so the update, not generation,
+    is most of a step: the top 10 blocks are trained, not 15. A first version (160 demonstrations, 12
+    steps of 3 and 6 turns, 15 blocks) took about 3 minutes a step, 50 minutes in all; README, Results."""
+    return Config(env="miniwob", env_options=json.dumps({"pages": MINIWOB_PAGES, "brief": True}), model="smollm2",
+                  algo="grpo", steps=8, tasks_per_step=8, samples_per_task=4, horizon="3,5@4", max_tokens=48,
+                  max_context=2048, temperature=1.0, lr=5e-5, kl_coef=0.0, micro_tokens=2048, checkpointing=False,
+                  train_layers=10, eval_every=8, eval_tasks=40, bc_episodes=100, bc_epochs=1, bc_lr=1e-4, bc_batch=8,
                   out="runs/{env}-smollm2")
 
 
@@ -234,6 +240,18 @@ def compute_dtype(choice: str, device: str, model: str) -> str:
     return "bfloat16" if model != "tiny" and cpu_supports_bf16() else "float32"
 
 
+def writable(out: str) -> str | None:
+    """None if files can be created in the run directory `out` (made if missing), else the one-line error."""
+    probe = Path(out) / f".write_probe_{os.getpid()}"
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        return f"--out {out} is not writable ({exc.strerror or exc}); choose a run directory you can write to"
+    return None
+
+
 def check(cfg: Config, world: int) -> str | None:
     """The first thing wrong with `cfg` as a one-line message that names the fix, or None."""
     from envs import REGISTRY
@@ -287,8 +305,8 @@ def check(cfg: Config, world: int) -> str | None:
             return f"--tasks-file {cfg.tasks_file}: {exc}"
     if cfg.bc_episodes and not hasattr(env_class(cfg.env), "expert"):
         return f"--bc-episodes needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set --bc-episodes 0"
-    if cfg.eval_every < 0 or cfg.eval_tasks < 0 or cfg.bc_episodes < 0 or cfg.train_layers < 0:
-        return "--eval-every, --eval-tasks, --bc-episodes and --train-layers must be >= 0"
+    if cfg.eval_every < 0 or cfg.eval_tasks < 0 or cfg.bc_episodes < 0 or cfg.train_layers < 0 or cfg.env_timeout < 0:
+        return "--eval-every, --eval-tasks, --bc-episodes, --train-layers and --env-timeout must be >= 0"
     for name in ("steps", "tasks_per_step", "samples_per_task", "max_tokens", "max_context", "ppo_epochs",
                  "mini_batches", "micro_tokens", "env_workers", "keep", "bc_epochs", "bc_batch"):
         if getattr(cfg, name) <= 0:

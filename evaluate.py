@@ -95,6 +95,8 @@ class EvalConfig:
                      "float32 or bfloat16", "auto")
     chunk: int = doc("tasks per rollout call (x k episodes, one env instance each); saved after each", 8)
     env_workers: int = doc("threads stepping environments concurrently per rank", 8)
+    env_timeout: float = doc("seconds an env reset or step may take before its episode is flagged env_error; "
+                             "0: no limit", 300.0)
     out: str = doc("output directory; rerunning with the same one resumes", "runs/eval-{env}-{model}")
 
 
@@ -174,8 +176,8 @@ def check(cfg: EvalConfig) -> str | None:
     for name in ("k", "chunk", "env_workers", "max_context"):
         if getattr(cfg, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}"
-    if cfg.limit < 0 or cfg.max_tokens < 0:
-        return "--limit and --max-tokens must be 0 (default) or positive"
+    if cfg.limit < 0 or cfg.max_tokens < 0 or cfg.env_timeout < 0:
+        return "--limit, --max-tokens and --env-timeout must be 0 (default for the first two) or positive"
     if cfg.engine not in ("auto", "vllm", "hf") or cfg.device not in ("auto", "cpu", "cuda"):
         return f"--engine {cfg.engine!r} / --device {cfg.device!r}: choose auto, vllm or hf / auto, cpu or cuda"
     if not cfg.greedy and (cfg.temperature <= 0 or not 0 < cfg.top_p <= 1):
@@ -320,7 +322,7 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
             plan = [(t, g) for g, t in enumerate(ids) for _ in range(cfg.k)]
             seed = cfg.seed * 1_000_003 + budget * 10_007 + ids[0]  # a function of the chunk, not of the rank
             episodes, _ = rollout(engine, chat, pool, make_env, plan, budget, d.max_tokens, cfg.max_context,
-                                  d.temperature, cfg.top_p, seed, threads, d.framing)
+                                  d.temperature, cfg.top_p, seed, threads, d.framing, cfg.env_timeout or None)
             rows = [{"task_id": e.task_id, "subtask": pool[0].subtask(e.task_id), "sample": i % cfg.k,
                      "budget": budget, "reward": e.reward, "success": e.success, "turns": e.turns,
                      "end": e.end, "error": e.error, "messages": e.messages} for i, e in enumerate(episodes)]

@@ -16,13 +16,17 @@ from rendering the model's own chat template around placeholders and taking the 
 The episode's reward is the env's last reward and belongs on the last sampled token (`reward_index`);
 the original put it on an observation token that the loss mask excluded.
 
-Departures from the original: episodes end cleanly at a context-length cap; an env that raises is
-caught, its episode flagged `env_error` and the env replaced, while the other episodes go on.
+Departures from the original: episodes end cleanly at a context-length cap; an env that raises, or
+whose reset or step has not returned after `env_timeout` seconds (a hung simulator, a page that never
+loads), is flagged `env_error` and replaced, while the other episodes go on. A hung call's thread cannot
+be stopped from Python; it is abandoned (counted in `abandoned()`), and train.py / evaluate.py then end
+their process without waiting for it.
 """
 from __future__ import annotations
 
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -129,25 +133,71 @@ def _call(fn, *args):
         return None, f"{type(exc).__name__}: {exc}"
 
 
+_abandoned = 0  # env calls given up on by timeout in this process; their threads may still be running
+
+
+def abandoned() -> int:
+    return _abandoned
+
+
+def _calls(pool: ThreadPoolExecutor, calls: list[tuple[Callable, object]], timeout: float | None) -> list[tuple]:
+    """Run each `fn(arg)` in the pool; [(result, error)] in order. A call that has run for `timeout`
+    seconds is given up on with a TimeoutError-style error; so are calls that could not even start
+    because every pool thread is stuck (no call started or finished for `timeout` seconds)."""
+    global _abandoned
+    starts: list[float | None] = [None] * len(calls)
+
+    def run(i):
+        starts[i] = time.monotonic()
+        return _call(calls[i][0], calls[i][1])
+
+    futures = [pool.submit(run, i) for i in range(len(calls))]
+    if timeout is None:
+        return [f.result() for f in futures]
+    out: list[tuple | None] = [None] * len(calls)
+    pending, last = set(range(len(calls))), time.monotonic()  # last: when a call last started or finished
+    while pending:
+        wait([futures[i] for i in pending], timeout=min(1.0, timeout))
+        now = time.monotonic()
+        for i in sorted(pending):
+            name = getattr(calls[i][0], "__name__", "call")
+            if futures[i].done():
+                out[i], last = futures[i].result(), now
+            elif starts[i] is not None:
+                last = max(last, starts[i])
+                if now - starts[i] < timeout:
+                    continue
+                out[i] = (None, f"TimeoutError: env.{name} did not return within {timeout:g} s")
+                _abandoned += 1
+            elif now - last >= timeout and futures[i].cancel():
+                out[i] = (None, f"TimeoutError: env.{name} could not start within {timeout:g} s (every env "
+                                "thread is stuck in an earlier call)")
+            else:
+                continue
+            pending.discard(i)
+    return out
+
+
 def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object], tasks: list[tuple[int, int]],
             max_turns: int, max_tokens: int = 256, max_context: int = 4096, temperature: float = 1.0,
             top_p: float = 1.0, seed: int | None = None, pool: ThreadPoolExecutor | None = None,
-            framing: Framing = Framing()):
+            framing: Framing = Framing(), env_timeout: float | None = None):
     """Play one episode per (task_id, group) in `tasks`, the i-th on `envs[i]`; `framing` decides how
-    each episode opens (framing.py).
+    each episode opens (framing.py). `env_timeout`: seconds an env reset or step may run before its
+    episode is flagged `env_error` (None: no limit).
 
     Returns (episodes, timing) with timing seconds for "generate", "env" and "other" (our bookkeeping).
     `envs[i]` is replaced in place by `make_env()` when it raised, so the caller's pool stays usable.
     """
     if len(envs) < len(tasks):
         raise ValueError(f"{len(tasks)} episodes need as many env instances; got {len(envs)}")
-    own_pool = pool is None
+    own_pool, abandoned_before = pool is None, _abandoned
     pool = pool or ThreadPoolExecutor(max_workers=min(32, len(tasks)) or 1)
     timing = {"generate": 0.0, "env": 0.0, "other": 0.0}
     start = time.perf_counter()
 
     t = time.perf_counter()
-    firsts = list(pool.map(lambda i: _call(envs[i].reset, tasks[i][0]), range(len(tasks))))
+    firsts = _calls(pool, [(envs[i].reset, tasks[i][0]) for i in range(len(tasks))], env_timeout)
     timing["env"] += time.perf_counter() - t
     episodes = []
     for i, ((task_id, group), (obs, err)) in enumerate(zip(tasks, firsts)):
@@ -155,7 +205,7 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
         ep = Episode(task_id, group, [], 0, messages=opening(instruction, acknowledgement))
         if err is not None:
             ep.end, ep.error = "env_error", err
-            envs[i] = _replace(envs[i], make_env)
+            envs[i] = _replace(envs[i], make_env, hung=err.startswith("TimeoutError"))
         else:
             ep.ids = chat.prompt(instruction, obs, acknowledgement)
             ep.prompt_len = len(ep.ids)
@@ -182,7 +232,7 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
             texts.append(chat.decode(s.ids))
             episodes[i].messages.append({"role": "assistant", "content": texts[-1]})
         t = time.perf_counter()
-        results = list(pool.map(lambda a: _call(envs[a[0]].step, a[1]), zip(live, texts)))
+        results = _calls(pool, [(envs[i].step, text) for i, text in zip(live, texts)], env_timeout)
         timing["env"] += time.perf_counter() - t
 
         for i, s, (result, err) in zip(live, samples, results):
@@ -191,7 +241,7 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
                 err = getattr(env, "error", None) or "simulator crashed"
             if err is not None:
                 ep.end, ep.error = "env_error", err
-                envs[i] = _replace(env, make_env)
+                envs[i] = _replace(env, make_env, hung=err.startswith("TimeoutError"))
                 continue
             obs, ep.reward, done = result
             ep.success = bool(getattr(env, "success", False))
@@ -209,12 +259,15 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
             ep.messages.append({"role": "user", "content": obs})
     for ep in episodes:
         ep.end = ep.end or "horizon"
-    if own_pool:
-        pool.shutdown()
+    if own_pool:  # not waiting for a thread that is stuck in an env call
+        pool.shutdown(wait=_abandoned == abandoned_before)
     timing["other"] = time.perf_counter() - start - timing["generate"] - timing["env"]
     return episodes, timing
 
 
-def _replace(env, make_env):
-    _call(env.close)
+def _replace(env, make_env, hung: bool = False):
+    if hung:  # its close may hang as well: let it try on a thread nobody waits for
+        threading.Thread(target=_call, args=(env.close,), name="close-hung-env", daemon=True).start()
+    else:
+        _call(env.close)
     return make_env()

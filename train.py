@@ -47,7 +47,7 @@ import envs
 import faults
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
 from engine import make_engine
-from rollout import ChatFormat, rollout
+from rollout import ChatFormat, abandoned, rollout
 from tiny import resolve_model
 
 RANK = int(os.environ.get("RANK", 0))
@@ -284,7 +284,7 @@ def reduced(op):
 def main(argv=None):
     cfg = configs.parse(argv)
     world_guess = int(os.environ.get("WORLD_SIZE", 1))
-    problem = configs.check(cfg, world_guess)
+    problem = configs.check(cfg, world_guess) or configs.writable(configs.derive(cfg).out)
     if problem:  # before any model, engine or simulator starts
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
@@ -380,7 +380,7 @@ def main(argv=None):
         engine.wake()
         episodes, rt = rollout(engine, chat, env_pool, make_env, mine, horizon, cfg.max_tokens, cfg.max_context,
                                cfg.temperature, cfg.top_p, seed=(cfg.seed * 7919 + step) * 131 + rank, pool=threads,
-                               framing=d.framing)
+                               framing=d.framing, env_timeout=cfg.env_timeout or None)
         engine.sleep()
         timing.update({f"time/{k}": v for k, v in rt.items()})
         batch = collate(episodes, tokenizer.pad_token_id or 0)
@@ -449,20 +449,38 @@ def main(argv=None):
             log.log(step, metrics)
         if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
             t = time.perf_counter()
-            checkpoint.save(ckpt_root, step + 1, models, optimizers, tokenizer, rank, world, cfg.keep, d.sharded, dtype)
+            try:
+                checkpoint.save(ckpt_root, step + 1, models, optimizers, tokenizer, rank, world, cfg.keep, d.sharded,
+                                dtype)
+            except checkpoint.CheckpointError as exc:  # raised on every rank alike: all stop, none waits
+                print0(f"\nerror: {exc}; {checkpoint.latest(ckpt_root) or 'no earlier checkpoint'} is intact. "
+                       "Free space or fix --out, then rerun with --resume")
+                finish(env_pool, threads, engine, log, code=1)
             print0(f"\nsaved checkpoint step {step + 1} in {time.perf_counter() - t:.1f}s -> {ckpt_root / 'latest'}")
 
     if log:
-        log.close()
         print0(f"done: {out / 'metrics.jsonl'}, {out / 'reward.png'}")
+    finish(env_pool, threads, engine, log)
+
+
+def finish(env_pool, threads, engine, log, code: int = 0) -> None:
+    """Close everything on every rank and end the process with `code` (a collective)."""
+    if log:
+        log.close()
     for env in env_pool:
         env.close()
-    threads.shutdown()
+    threads.shutdown(wait=not abandoned(), cancel_futures=True)
     dist.barrier()
     if hasattr(engine, "close"):
         engine.close()
     if dist.is_initialized():  # vLLM's shutdown may already have destroyed the default group
         dist.destroy_process_group()
+    if abandoned():  # an env call that never returned holds a thread the interpreter would wait for at exit
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        raise SystemExit(code)
 
 
 def quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, turns: int, pool, framing) -> dict:
@@ -477,7 +495,7 @@ def quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, turns: int, pool
         part = [(t, j) for j, t in enumerate(mine[i:i + len(env_pool)])]
         eps, _ = rollout(engine, chat, env_pool, make_env, part, turns, cfg.max_tokens, cfg.max_context,
                          temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed * 104729 + i + rank, pool=pool,
-                         framing=framing)
+                         framing=framing, env_timeout=cfg.env_timeout or None)
         reward += sum(e.reward for e in eps)
         success += sum(e.success for e in eps)
     reward, success, n = all_sum(reward, success, len(mine))

@@ -1,0 +1,46 @@
+"""Environments that fail the way real ones do, for the fault tests of the training loop
+(tests/test_faults.py). Each fails once per process, so the next training step shows recovery.
+
+`HangingReset`: the toy Digits env whose `reset` of an odd task never returns, the first time in
+this process (a simulator that hangs at start-up, a page that never loads).
+`JVMKilledSciWorld`: the real ScienceWorld env whose JVM is killed with SIGKILL at its first step
+in this process (the OOM killer, a JVM crash), before the step is sent to it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+
+from envs.sciworld import SciWorld
+from tests.toy import Digits
+
+_once = threading.Lock()
+release = threading.Event()  # an in-process test sets it, so that no hung thread outlives the test
+
+
+def _first_time() -> bool:
+    return _once.acquire(blocking=False)
+
+
+class HangingReset(Digits):
+    def reset(self, task_id: int) -> str:
+        if task_id % 2 and _first_time():
+            release.wait()  # forever unless a test releases it: the rollout must give up on it, not wait
+        return super().reset(task_id)
+
+
+class JVMKilledSciWorld(SciWorld):
+    def step(self, text: str) -> tuple[str, float, bool]:
+        if self.jvm_pid and _first_time():
+            pid = self.jvm_pid
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10  # delivery is asynchronous: the step must meet a dead JVM
+            while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+        return super().step(text)
