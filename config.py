@@ -140,16 +140,17 @@ MINIWOB_PAGES = ["click-button", "unicode-test", "click-link", "enter-text", "cl
 
 def miniwob_recipe() -> Config:
     """SmolLM2 on ten MiniWoB++ pages in Chromium, within 30 minutes on 2 cores: a warm start on the
-    scripted expert's episodes of 100 train seeds, then 8 GRPO steps under ScalingInter stages of 3 and
-    5 turns (most pages take 1-3 actions, click-checkboxes up to 5). Replies are short (one sentence and
-    the action: 48 tokens), and the instruction is the env's brief one (140 tokens instead of 530).
+    scripted expert's episodes of 120 train seeds (4 episodes per rank per optimizer step: twice the
+    updates of 8 for the same tokens), then 7 GRPO steps under ScalingInter stages of 3 and 5 turns
+    (most pages take 1-3 actions, click-checkboxes up to 5). Replies are short (one sentence and the
+    action: 48 tokens), and the instruction is the env's brief one (140 tokens instead of 530).
     An episode here is long (the accessibility tree comes back every turn), so the update, not generation,
     is most of a step: the top 10 blocks are trained, not 15. A first version (160 demonstrations, 12
     steps of 3 and 6 turns, 15 blocks) took about 3 minutes a step, 50 minutes in all; README, Results."""
     return Config(env="miniwob", env_options=json.dumps({"pages": MINIWOB_PAGES, "brief": True}), model="smollm2",
-                  algo="grpo", steps=8, tasks_per_step=8, samples_per_task=4, horizon="3,5@4", max_tokens=48,
+                  algo="grpo", steps=7, tasks_per_step=8, samples_per_task=4, horizon="3,5@4", max_tokens=48,
                   max_context=2048, temperature=1.0, lr=5e-5, kl_coef=0.0, micro_tokens=2048, checkpointing=False,
-                  train_layers=10, eval_every=8, eval_tasks=40, bc_episodes=100, bc_epochs=1, bc_lr=1e-4, bc_batch=8,
+                  train_layers=10, eval_every=7, eval_tasks=40, bc_episodes=120, bc_epochs=1, bc_lr=1e-4, bc_batch=4,
                   out="runs/{env}-smollm2")
 
 

@@ -58,7 +58,7 @@ REWARD_SCALE = {
     "webarena": "0 or 1: 1 when the task's check passes at `stop`",
     "searchqa": "0 or 1: 1 when the answer matches a gold answer exactly (SQuAD normalisation)",
     "miniwob": "the page's raw reward when it ends the episode: 1 success, -1 failure, partial on a few pages; "
-               "0 when the turn budget ends first",
+               "-1 (MiniWoB's timeout) when the turn budget ends first or the agent stops",
 }
 # The settings a resumed evaluation must share with the transcripts it continues.
 SAME_FOR_RESUME = ("env", "env_options", "model", "k", "temperature", "top_p", "max_tokens", "max_context",

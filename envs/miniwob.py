@@ -18,8 +18,11 @@ The observation is the web env's (envs/webarena.py): `OBSERVATION:`, the tabs, t
 its grammar (click [id], type [id] [text] [0|1], hover, press, scroll, ..., stop [answer]), so one agent
 prompt serves both envs. The reward is the page's raw reward `WOB_RAW_REWARD_GLOBAL` (1 success, -1
 failure, partial on a few pages), returned on the step where `WOB_DONE_GLOBAL` turns true, which ends
-the episode; otherwise the episode runs until the turn budget of the rollout (reward 0), or until
-`stop`, which ends it with reward 0 (the page never gave its verdict).
+the episode. Until then every step reports -1, and `stop` ends the episode with -1: a page that has not
+judged the episode by the end of the turn budget (or that the agent gives up on) counts as MiniWoB's own
+timeout, `core.endEpisode(-1, false, 'timed out')` (core.js). A 0 there would pay an agent for stalling:
+a wrong click that ends the episode costs -1, and RL from a weak warm start learned within two steps to
+avoid ending episodes at all.
 
 Departures from MiniWoB++:
 - No real-time limit. The pages end an episode after `core.EPISODE_MAX_TIME` (10 s) with reward -1 and
@@ -99,6 +102,8 @@ Actions: click [id], type [id] [text] [press_enter_after=0|1], hover [id], press
 stop [answer].
 Reply with one short sentence, then end with "In summary, the next action I will perform is" followed by \
 one action inside ``````, e.g. In summary, the next action I will perform is ```click [12]```"""
+
+UNJUDGED = -1.0  # the reward of an episode the page has not judged (yet): MiniWoB's timeout reward
 
 # Run in the page after load: the harness's own widgets out of sight, no real-time limit.
 _SETUP = """(() => {
@@ -238,7 +243,7 @@ class MiniWoB:
         page, seed = self.page_seed(task_id)
         self.task, self.previous = (page, seed), "None"
         self.success = self.done = False
-        self.reward = 0.0
+        self.reward = UNJUDGED
         self.view.open(f"{PUBLIC}/miniwob/{page}.html")  # a fresh context: ids start over, same seed same ids
         self.view.script(_SETUP % (MAX_TIME_MS, seed))
         deadline = time.monotonic() + READY_WAIT_S
@@ -252,7 +257,7 @@ class MiniWoB:
 
     def step(self, text: str) -> tuple[str, float, bool]:
         if self.task is None:
-            return "No task is loaded: call reset(task_id) first.", 0.0, False
+            return "No task is loaded: call reset(task_id) first.", UNJUDGED, False
         if self.done:
             return "The episode is over. Call reset(task_id) for a new task.", self.reward, True
         match = _BLOCK.search(text if isinstance(text, str) else "")
@@ -264,7 +269,7 @@ class MiniWoB:
                 self.success = self.reward > 0
         if self.done:
             return f"{self.previous}\nThe episode is over: the page gave reward {self.reward:g}.", self.reward, True
-        return self.observe(), 0.0, False
+        return self.observe(), UNJUDGED, False
 
     def expert(self) -> str:
         """The scripted expert's reply for the current state (envs/miniwob_expert.py): the whole plan is
@@ -293,7 +298,7 @@ class MiniWoB:
             return f"Invalid action {action[:100]!r}: {parsed}. {HELP}"
         name, args = parsed
         if name == "stop":
-            self.done = True  # reward stays 0: the page never judged the episode
+            self.done = True  # reward stays UNJUDGED: the page never judged the episode
             return f"stop [{args[0][:200]}]"
         said = f"{name} [{args[0]}]" if args else name
         if name in ("click", "hover", "type"):

@@ -67,7 +67,7 @@ def test_expert_reaches_reward_1(env, page):
             obs, reward, done = env.step(reply)
             if done:
                 break
-            assert reward == 0.0 and "Invalid" not in obs and "could not" not in obs, obs
+            assert reward == -1.0 and "Invalid" not in obs and "could not" not in obs, obs
         assert (reward, done, env.success) == (1.0, True, True), (page, seed, obs)
         assert "The episode is over: the page gave reward 1" in obs
         with pytest.raises(RuntimeError, match="reset"):
@@ -79,7 +79,7 @@ def test_expert_without_a_plan_stops():
     try:
         env.reset(0)
         reply = env.expert()
-        assert reply.endswith("```stop [no plan]```") and env.step(reply)[1:] == (0.0, True)
+        assert reply.endswith("```stop [no plan]```") and env.step(reply)[1:] == (-1.0, True)
     finally:
         env.close()
 
@@ -113,7 +113,7 @@ def test_bad_actions_give_clear_observations(env):
              ("```goto [http://elsewhere.invalid/]```", "could not be loaded")]
     for reply, says in cases:
         obs, reward, done = env.step(reply)
-        assert says in obs.split("PREVIOUS ACTION:")[1] and (reward, done) == (0.0, False), (reply, obs)
+        assert says in obs.split("PREVIOUS ACTION:")[1] and (reward, done) == (-1.0, False), (reply, obs)
     obs = env.reset(SOLVED.index("choose-list"))
     combo, submit = re.search(r"\[(\d+)\] combobox", obs)[1], element(obs, "button", "Submit")
     item = re.fullmatch(r"Select (.*) from the list and click Submit\.", objective(obs))[1]
@@ -123,7 +123,7 @@ def test_bad_actions_give_clear_observations(env):
     assert act(env, f"click [{submit}]")[1:] == (1.0, True)
     env.reset(SOLVED.index("choose-list"))
     obs, reward, done = act(env, "stop [I give up]")
-    assert (reward, done, env.success) == (0.0, True, False)
+    assert (reward, done, env.success) == (-1.0, True, False)
 
 
 def test_killed_browser_restarts_at_next_reset(env):
@@ -135,7 +135,7 @@ def test_killed_browser_restarts_at_next_reset(env):
     while env.view.alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     obs, reward, done = act(env, "click [2]")
-    assert "The browser is not running" in obs and (reward, done) == (0.0, False)
+    assert "The browser is not running" in obs and (reward, done) == (-1.0, False)
     assert env.reset(task_id) == expected and env.view.browser.launches == launches + 1
     obs, reward, done = act(env, f"click [{element(expected, 'button', quoted(objective(expected))[0])}]")
     assert (reward, done) == (1.0, True)
