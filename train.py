@@ -453,9 +453,10 @@ def main(argv=None):
                 checkpoint.save(ckpt_root, step + 1, models, optimizers, tokenizer, rank, world, cfg.keep, d.sharded,
                                 dtype)
             except checkpoint.CheckpointError as exc:  # raised on every rank alike: all stop, none waits
-                print0(f"\nerror: {exc}; {checkpoint.latest(ckpt_root) or 'no earlier checkpoint'} is intact. "
-                       "Free space or fix --out, then rerun with --resume")
-                finish(env_pool, threads, engine, log, code=1)
+                if rank == 0:
+                    print(f"\nerror: {exc}; {checkpoint.latest(ckpt_root) or 'no earlier checkpoint'} is intact. "
+                          "Free space or fix --out, then rerun with --resume", file=sys.stderr, flush=True)
+                finish(env_pool, threads, engine, None, code=1)  # no plots: the disk may refuse them too
             print0(f"\nsaved checkpoint step {step + 1} in {time.perf_counter() - t:.1f}s -> {ckpt_root / 'latest'}")
 
     if log:
