@@ -1,8 +1,8 @@
 """Environments that fail the way real ones do, for the fault tests of the training loop
 (tests/test_faults.py). Each fails once per process, so the next training step shows recovery.
 
-`HangingReset`: the toy Digits env whose `reset` of an odd task never returns, the first time in
-this process (a simulator that hangs at start-up, a page that never loads).
+`HangingReset`: the toy Digits env whose first `reset` in this process never returns (a simulator
+that hangs at start-up, a page that never loads).
 `JVMKilledSciWorld`: the real ScienceWorld env whose JVM is killed with SIGKILL at its first step
 in this process (the OOM killer, a JVM crash), before the step is sent to it.
 """
@@ -28,7 +28,7 @@ def _first_time() -> bool:
 
 class HangingReset(Digits):
     def reset(self, task_id: int) -> str:
-        if task_id % 2 and _first_time():
+        if _first_time():
             release.wait()  # forever unless a test releases it: the rollout must give up on it, not wait
         return super().reset(task_id)
 
