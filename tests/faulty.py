@@ -4,7 +4,9 @@
 `HangingReset`: the toy Digits env whose first `reset` in this process never returns (a simulator
 that hangs at start-up, a page that never loads).
 `JVMKilledSciWorld`: the real ScienceWorld env whose JVM is killed with SIGKILL at its first step
-in this process (the OOM killer, a JVM crash), before the step is sent to it.
+in this process (the OOM killer, a JVM crash), before the step is sent to it. That step's reply is
+replaced by a valid action, so that it reaches the dead JVM: the tiny model's replies rarely hold one,
+and a malformed reply is answered without asking the simulator.
 """
 from __future__ import annotations
 
@@ -39,8 +41,12 @@ class JVMKilledSciWorld(SciWorld):
             pid = self.jvm_pid
             os.kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + 10  # delivery is asynchronous: the step must meet a dead JVM
-            while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                if time.monotonic() > deadline:
+            while time.monotonic() < deadline:
+                try:
+                    if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                        break
+                except psutil.NoSuchProcess:  # py4j's watcher reaped it already
                     break
                 time.sleep(0.01)
+            text = "Thought:\nlook\n\nAction:\nlook around"
         return super().step(text)
