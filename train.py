@@ -471,7 +471,11 @@ def finish(env_pool, threads, engine, log, code: int = 0) -> None:
     for env in env_pool:
         env.close()
     threads.shutdown(wait=not abandoned(), cancel_futures=True)
-    dist.barrier()
+    try:
+        dist.barrier()
+    except RuntimeError:  # stopping on an error, a peer may be gone already: exit all the same
+        if not code:
+            raise
     if hasattr(engine, "close"):
         engine.close()
     if dist.is_initialized():  # vLLM's shutdown may already have destroyed the default group
