@@ -299,7 +299,7 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
     from transformers import AutoTokenizer
 
     from engine import make_engine
-    from rollout import ChatFormat, rollout
+    from rollout import ChatFormat, abandoned, rollout
     from tiny import resolve_model as build
 
     if rank == 0:  # rank 0 builds the tiny model (or converts SmolLM2) once; the others wait
@@ -338,7 +338,7 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
     if rank == 0:
         bar.close()
         file.close()
-    threads.shutdown()
+    threads.shutdown(wait=not abandoned(), cancel_futures=True)  # not waiting for a thread stuck in an env call
     for env in pool:
         env.close()
     return engine
@@ -393,6 +393,11 @@ def main(argv=None):
         engine.close()
     if dist.is_initialized():  # vLLM's shutdown may already have destroyed the default group
         dist.destroy_process_group()
+    from rollout import abandoned
+    if abandoned():  # an env call that never returned holds a thread the interpreter would wait for at exit
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
