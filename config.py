@@ -102,6 +102,8 @@ class Config:
     env_workers: int = doc("threads stepping environments concurrently per rank", 8)
     env_timeout: float = doc("seconds an env reset or step may take before its episode is flagged env_error and "
                              "the env replaced (a hung simulator); 0: no limit", 300.0)
+    trim_heap: bool = doc("after each step, hand the freed C heap back to the system (glibc malloc_trim, about 25 "
+                          "ms a step here): resident memory then tracks what is in use (bench/soak.py)", True)
     preset: str = doc("starting point before flags apply: cpu, smollm2 or paper (none given: cpu, for the tiny "
                       "model on a CPU only)", "")
 

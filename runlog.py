@@ -5,8 +5,47 @@ Only rank 0 makes a RunLog; the numbers it gets are already reduced over ranks.
 """
 from __future__ import annotations
 
+import ctypes
 import json
+import resource
+import time
 from pathlib import Path
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def memory_mb() -> dict[str, float]:
+    """This process's resident set and its live C heap, in MB. RSS alone cannot tell a leak from a heap
+    that keeps freed memory: glibc returns little of it to the system, so RSS swings by hundreds of MB
+    with the size of a step's tensors. `heap` is what is allocated now (glibc's mallinfo2: bytes in use
+    in its arenas plus its mmapped blocks), the number whose drift would be a leak (bench/soak.py)."""
+    rss = 0.0
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:  # not Linux
+        pass
+    try:
+        info = ctypes.CDLL(None).mallinfo2
+        info.restype = _Mallinfo2
+        m = info()
+        heap = (m.uordblks + m.hblkhd) / 2**20
+    except (AttributeError, OSError):  # not glibc (or older than 2.33)
+        heap = float("nan")
+    return {"rss_mb": rss, "heap_mb": heap}
+
+
+def trim_heap() -> float:
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim); the seconds it took."""
+    t = time.perf_counter()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):  # not glibc
+        pass
+    return time.perf_counter() - t
 
 
 class RunLog:

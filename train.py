@@ -48,6 +48,7 @@ import faults
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
 from engine import make_engine
 from rollout import ChatFormat, abandoned, rollout
+from runlog import RunLog, memory_mb, trim_heap
 from tiny import resolve_model
 
 RANK = int(os.environ.get("RANK", 0))
@@ -353,7 +354,6 @@ def main(argv=None):
     make_env = lambda: envs.make(cfg.env, **d.env_options)  # noqa: E731
     log = None
     if rank == 0:
-        from runlog import RunLog
         log = RunLog(out, cfg.steps, start, d.schedule)
     kl_in_reward = cfg.algo.startswith("reinforce++") and ref is not None
     dtype = getattr(torch, d.dtype)
@@ -439,6 +439,16 @@ def main(argv=None):
         metrics["lr"] = schedulers["policy"].get_last_lr()[0]
         timing["time/step"] = time.perf_counter() - t0
         metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
+        # The largest rank's resident set and live heap, after this step's frees: bench/soak.py's leak check.
+        # glibc keeps most freed memory (its mmap threshold rises to 32 MB as tensors are freed, so they
+        # come from its arenas), and RSS then swings by 300-600 MB a step over a drifting floor; trimmed,
+        # it follows the live heap.
+        if cfg.trim_heap:
+            metrics["time/trim"] = all_sum(trim_heap())[0] / world
+        mem = memory_mb()
+        peak = torch.tensor([mem["rss_mb"], mem["heap_mb"]], dtype=torch.float64)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        metrics["mem/rss_mb"], metrics["mem/heap_mb"] = peak.tolist()
         last = step + 1 == cfg.steps
         if evaluate_now and ((step + 1) % cfg.eval_every == 0 or last):
             t = time.perf_counter()
