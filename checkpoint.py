@@ -76,7 +76,7 @@ class _Writes:
     """One rank's file writes during a save. The first failure is kept and this rank's later writes are
     skipped, but the rank still joins every collective of the save, and `_agree` then raises on every rank
     at once: a full disk on rank 0 must not leave the other ranks in a barrier until the collective timeout
-    (an hour, train.COLLECTIVE_TIMEOUT_MIN) while rank 0 dies with a traceback from deep in safetensors."""
+    (an hour, distributed.COLLECTIVE_TIMEOUT_MIN) while rank 0 dies with a traceback from deep in safetensors."""
 
     def __init__(self):
         self.error: str | None = None

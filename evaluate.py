@@ -361,7 +361,8 @@ def main(argv=None):
 
     import torch.distributed as dist
 
-    from train import print0, setup_distributed
+    from distributed import setup_distributed
+    from train import print0
 
     d = derive(cfg)
     rank, world = setup_distributed(d.device)

@@ -22,7 +22,7 @@ def memory_mb() -> dict[str, float]:
     that keeps freed memory: glibc returns little of it to the system, so RSS swings by hundreds of MB
     with the size of a step's tensors. `heap` is what is allocated now (glibc's mallinfo2: bytes in use
     in its arenas plus its mmapped blocks), the number whose drift would be a leak (bench/soak.py)."""
-    rss = 0.0
+    rss = float("nan")
     try:
         with open("/proc/self/statm") as f:
             rss = int(f.read().split()[1]) * resource.getpagesize() / 2**20

@@ -26,15 +26,12 @@ step, so a resumed run gets the same stage (the original's counter was off by on
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import os
 import random
-import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing
 from pathlib import Path
 
 import torch
@@ -46,6 +43,7 @@ import config as configs
 import envs
 import faults
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
+from distributed import all_max, all_sum, full_tensors, setup_distributed, shard
 from engine import make_engine
 from rollout import ChatFormat, abandoned, rollout
 from runlog import RunLog, memory_mb, trim_heap
@@ -59,75 +57,7 @@ def print0(*args):
         print(*args, flush=True)
 
 
-# ------------------------------------------------------------------ distributed set-up and FSDP2
-
-def setup_distributed(device: str) -> tuple[int, int]:
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    if world == 1 and "MASTER_PORT" not in os.environ:  # plain `python train.py`: a one-rank group
-        with closing(socket.socket()) as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]), RANK="0", WORLD_SIZE="1")
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend(device), timeout=datetime.timedelta(minutes=COLLECTIVE_TIMEOUT_MIN))
-    return dist.get_rank(), dist.get_world_size()
-
-
 GAP_ALARM = 0.5  # mean |trainer - sampler| logprob per token above which a weight sync is suspect
-COLLECTIVE_TIMEOUT_MIN = 60  # a rank-0 checkpoint gather of a 7B model can outlast the 10-minute default
-
-
-def backend(device: str) -> str:
-    """The process-group backend. On GPUs NCCL carries the CUDA tensors (FSDP2), but the trainer also
-    reduces small host tensors (token counts, rewards, advantage statistics), which an NCCL-only group
-    cannot do ("No backend type associated with device type cpu"): gloo serves the CPU side."""
-    return "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
-
-
-def shard(model, mesh, dtype: str, checkpointing: bool, trainable: bool = True, train_layers: int = 0):
-    """FSDP2: each decoder block is its own shard group, then the root (embeddings, norm, head).
-    On GPU parameters compute in bf16 with fp32 gradient reduction; fp32 masters stay sharded.
-    `train_layers` N > 0 trains only the top N decoder blocks and the final norm (see `freeze_below`)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    if checkpointing and trainable:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if dtype == "bfloat16" else None
-    kw = {"mesh": mesh, **({"mp_policy": mp} if mp else {})}
-    for block in model.model.layers:
-        fully_shard(block, **kw)
-    fully_shard(model, **kw)
-    model.requires_grad_(trainable)
-    if trainable and train_layers:
-        freeze_below(model, train_layers)
-    # from_pretrained returns eval mode, in which transformers skips activation checkpointing: the
-    # trained models run in train mode (their dropout rates are 0), the frozen reference in eval mode.
-    model.train(trainable)
-    return model
-
-
-def freeze_below(model, train_layers: int) -> None:
-    """Freeze the embeddings (and with them a tied LM head) and every decoder block below the top
-    `train_layers`. Backward then stops at the lowest trained block: no gradient flows into the frozen
-    blocks, and the head computes no weight gradient (a 49k x 576 matmul per token for SmolLM2). With
-    half of SmolLM2's 30 blocks trained, a forward+backward costs about two forwards instead of three.
-    A departure from the paper, which trains every parameter; opt-in (`--train-layers`)."""
-    layers = model.model.layers
-    if not 0 < train_layers <= len(layers):
-        raise ValueError(f"--train-layers must be in 1..{len(layers)} for this model, got {train_layers}")
-    model.model.embed_tokens.requires_grad_(False)
-    for block in layers[:len(layers) - train_layers]:
-        block.requires_grad_(False)
-
-
-def full_tensors(model, dtype):
-    """(name, full tensor) pairs of a sharded model, gathered one at a time (a collective: every rank
-    iterates the same names in the same order)."""
-    from torch.distributed.tensor import DTensor
-
-    for name, t in model.state_dict().items():
-        t = t.detach().to(dtype)  # cast before gathering: a bf16 all-gather moves half the bytes of fp32
-        yield name, t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: dict, old, ref_lp, values, adv,
@@ -218,18 +148,6 @@ def sync(engine, policy, dtype) -> None:
     engine.sync_weights(weights)
     for _ in weights:
         pass
-
-
-def all_sum(*xs: float) -> list[float]:
-    t = torch.tensor([float(x) for x in xs], dtype=torch.float64)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
-def all_max(x: int) -> int:
-    t = torch.tensor([x])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t)
 
 
 def tasks_for_step(train_ids: list[int], step: int, count: int, seed: int) -> list[int]:
@@ -439,16 +357,7 @@ def main(argv=None):
         metrics["lr"] = schedulers["policy"].get_last_lr()[0]
         timing["time/step"] = time.perf_counter() - t0
         metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
-        # The largest rank's resident set and live heap, after this step's frees: bench/soak.py's leak check.
-        # glibc keeps most freed memory (its mmap threshold rises to 32 MB as tensors are freed, so they
-        # come from its arenas), and RSS then swings by 300-600 MB a step over a drifting floor; trimmed,
-        # it follows the live heap.
-        if cfg.trim_heap:
-            metrics["time/trim"] = all_sum(trim_heap())[0] / world
-        mem = memory_mb()
-        peak = torch.tensor([mem["rss_mb"], mem["heap_mb"]], dtype=torch.float64)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        metrics["mem/rss_mb"], metrics["mem/heap_mb"] = peak.tolist()
+        metrics.update(_memory_metrics(cfg.trim_heap, world))
         last = step + 1 == cfg.steps
         if evaluate_now and ((step + 1) % cfg.eval_every == 0 or last):
             t = time.perf_counter()
@@ -527,6 +436,21 @@ def _rollout_metrics(episodes, horizon: int) -> dict:
     return {"reward": sum(r[0] for r in rows) / n, "success": sum(r[1] for r in rows) / n,
             "turns": sum(r[2] for r in rows) / n, "response_tokens": sum(r[3] for r in rows) / n,
             "horizon": horizon, **{f"end/{k}": v for k, v in ends.items()}}
+
+
+def _memory_metrics(trim: bool, world: int) -> dict:
+    """The largest rank's resident set and live C heap after the step's frees (bench/soak.py's leak check),
+    trimming the heap first if `trim`. glibc keeps most freed memory (its mmap threshold rises to 32 MB as
+    tensors are freed, so later ones come from its arenas), and the RSS of a rank then swings by 300-600 MB
+    a step over a floor that creeps up; trimmed, it follows the live heap."""
+    out = {"time/trim": all_sum(trim_heap())[0] / world} if trim else {}
+    mem = memory_mb()
+    peak = torch.tensor([mem["rss_mb"], mem["heap_mb"]], dtype=torch.float64)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    for key, value in zip(("mem/rss_mb", "mem/heap_mb"), peak.tolist()):
+        if value == value:  # not NaN: no reading off Linux or glibc
+            out[key] = value
+    return out
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ Models: built-in `qwen2.5-7b` and `smollm2-135m` configs, `tiny`/`smollm2` (tiny
 directories), or any HF config.json (or a directory holding one). Dimensions: P parameters, L layers,
 H hidden, I intermediate, V vocabulary, kv = key/value heads x head_dim, W ranks, T tokens of the
 largest micro-batch (rows x padded width, at most `--micro-tokens`), c bytes of the compute dtype
-(2 for bfloat16, 4 for float32). The rows, as train.py's step (FSDP2, `train.shard`) holds them:
+(2 for bfloat16, 4 for float32). The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
 
   sharded fp32 parameters  4P/W   the fp32 masters: FSDP2 keeps no other fp32 copy (MixedPrecisionPolicy
                                   casts them to bf16 at each all-gather)

@@ -17,7 +17,7 @@ tokenizer. `small` and `bigvocab` are saved by rank 0 into a temporary directory
 The step is train.py's, phases (2) to (6), built from train.py's own functions (`shard`, `update`,
 `global_advantages`, `sync`, `full_tensors`, `_rollout_metrics`, `all_sum`) and batch.py's (`collate`,
 `micro_batches`, `pad`, `score`); the rollout (1) is replaced by synthetic episodes, since
-bench/rollout.py measures it. `--dtype` is the compute dtype handed to `train.shard` (bfloat16: FSDP2's
+bench/rollout.py measures it. `--dtype` is the compute dtype handed to `distributed.shard` (bfloat16: FSDP2's
 MixedPrecisionPolicy, bf16 parameters and fp32 gradient reduction over fp32 masters) and the engine's
 dtype; `--checkpointing` turns on activation checkpointing in the policy; `--on-policy` passes
 `old=None` to `train.update` and skips the old-logprob pass, as train.py does when `ppo_epochs == 1`
@@ -84,6 +84,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import algorithms as A  # noqa: E402
 import config as configs  # noqa: E402
 import batch as batch_  # noqa: E402
+import distributed  # noqa: E402
 import train  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
 from rollout import Episode  # noqa: E402
@@ -248,7 +249,7 @@ def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world,
     batch = batch_.collate(episodes, pad_id)
     mask, lengths = batch["mask"], batch["attn"].sum(1)
     rows = list(range(len(episodes)))
-    n_micro = train.all_max(len(batch_.micro_batches(rows, lengths, cfg.micro_tokens)))
+    n_micro = distributed.all_max(len(batch_.micro_batches(rows, lengths, cfg.micro_tokens)))
     micro = batch_.pad(batch_.micro_batches(rows, lengths, cfg.micro_tokens), n_micro)
     t = lap("collate", t)
     old = None if args.on_policy else batch_.score(policy, batch, micro, cfg.temperature)
@@ -268,13 +269,13 @@ def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world,
     # (6) the reductions of train.main's logging: rollout metrics, loss terms, one all_sum per timing
     train._rollout_metrics(episodes, args.turns)
     keys = ("loss", "kl", "entropy", "clip_frac", "value_loss")
-    train.all_sum(*(stats[k] for k in keys))
+    distributed.all_sum(*(stats[k] for k in keys))
     for v in list(times.values()) + [0.0, 0.0, 0.0, 0.0]:  # + time/generate, env, other, step
-        train.all_sum(v)
+        distributed.all_sum(v)
     t = lap("log", t)
     mem["step"] = max(mem.get("step", 0.0), rss_mb("VmHWM"))
     t = clock()
-    for _ in train.full_tensors(policy, getattr(torch, args.dtype)):
+    for _ in distributed.full_tensors(policy, getattr(torch, args.dtype)):
         pass
     times["gather_only"] = clock() - t
     # the same tokens through a plain transformers step on rank 0 alone; the other ranks wait at the barrier
@@ -319,7 +320,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, help="decoder layers of small (default 4) or bigvocab (default 2)")
     parser.add_argument("--vocab", type=int, default=QWEN25_VOCAB, help="vocabulary of --model bigvocab")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                        help="compute dtype (train.shard's, the engine's, the plain step's autocast)")
+                        help="compute dtype (distributed.shard's, the engine's, the plain step's autocast)")
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing in the policy")
     parser.add_argument("--train-layers", type=int, default=0,
                         help="train only the top N decoder blocks and the final norm (train.py --train-layers)")
@@ -362,7 +363,7 @@ def main() -> None:
         raise SystemExit("error: --on-policy with reinforce++ and a KL term: its in-reward KL needs the old "
                          "logprobs before the update (train.py scores them then too); drop --on-policy")
     d = configs.derive(cfg)
-    rank, world = train.setup_distributed("cpu")
+    rank, world = distributed.setup_distributed("cpu")
     torch.manual_seed(rank)
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -371,10 +372,10 @@ def main() -> None:
     args.path, cleanup = model_dir(args, rank)
     load = lambda: AutoModelForCausalLM.from_pretrained(args.path, dtype=torch.float32)  # noqa: E731
     mesh = init_device_mesh("cpu", (world,))
-    policy = train.shard(load(), mesh, args.dtype, args.checkpointing, train_layers=args.train_layers)
+    policy = distributed.shard(load(), mesh, args.dtype, args.checkpointing, train_layers=args.train_layers)
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
-    ref = train.shard(load(), mesh, args.dtype, False, trainable=False) if cfg.kl_coef > 0 else None
+    ref = distributed.shard(load(), mesh, args.dtype, False, trainable=False) if cfg.kl_coef > 0 else None
     tokenizer = AutoTokenizer.from_pretrained(args.path)
     # random ids of the tokenizer but no special one, so no synthetic token is a role or end-of-turn marker
     special = set(tokenizer.all_special_ids)
@@ -403,10 +404,10 @@ def main() -> None:
 
     lengths = torch.tensor([len(e.ids) for e in mine])
     micro = batch_.micro_batches(list(range(len(mine))), lengths, cfg.micro_tokens)
-    n_micro = train.all_max(len(micro))
+    n_micro = distributed.all_max(len(micro))
     slots, real = padding(lengths, batch_.pad(micro, n_micro))
-    max_slots = train.all_max(max(len(mb) * int(lengths[mb].max()) for mb in micro))
-    masked, total, slots, real, empty = train.all_sum(sum(sum(e.mask) for e in mine), sum(len(e.ids) for e in mine),
+    max_slots = distributed.all_max(max(len(mb) * int(lengths[mb].max()) for mb in micro))
+    masked, total, slots, real, empty = distributed.all_sum(sum(sum(e.mask) for e in mine), sum(len(e.ids) for e in mine),
                                                       slots, real, n_micro - len(micro))
     mems = [None] * world
     dist.all_gather_object(mems, mem)

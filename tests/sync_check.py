@@ -11,14 +11,14 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import batch as batch_  # noqa: E402
-import train  # noqa: E402
+import distributed  # noqa: E402
 from engine import Sampling, make_engine  # noqa: E402
 from tiny import tiny_model_dir  # noqa: E402
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "auto"
-rank, world = train.setup_distributed("cpu")
+rank, world = distributed.setup_distributed("cpu")
 path = tiny_model_dir()
-policy = train.shard(AutoModelForCausalLM.from_pretrained(path), init_device_mesh("cpu", (world,)), "float32", False)
+policy = distributed.shard(AutoModelForCausalLM.from_pretrained(path), init_device_mesh("cpu", (world,)), "float32", False)
 engine = make_engine(path, kind, seed=rank)
 opt = torch.optim.AdamW(policy.parameters(), lr=0.05)
 gen = torch.Generator().manual_seed(rank)
@@ -27,7 +27,7 @@ for _ in range(3):  # move the weights far from the engine's copy
     policy(input_ids=ids).logits[..., 100].mean().backward()
     opt.step()
     opt.zero_grad()
-weights = train.full_tensors(policy, torch.float32)
+weights = distributed.full_tensors(policy, torch.float32)
 engine.sync_weights(weights)
 for _ in weights:
     pass

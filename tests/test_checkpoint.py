@@ -25,14 +25,14 @@ def _train_save_reload(root, sharded, rank):
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import train
+    import distributed
     from tiny import tiny_model_dir
 
     mesh = init_device_mesh("cpu", (WORLD,))
     tok = AutoTokenizer.from_pretrained(tiny_model_dir())
 
     def build(path):
-        model = train.shard(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), mesh, "float32", False)
+        model = distributed.shard(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), mesh, "float32", False)
         return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
     def step(model, opt, seed):

@@ -1,10 +1,10 @@
 """The trainer's collectives and FSDP2 wrap on 2 real gloo ranks (torch.multiprocessing, no torchrun):
 
 - every host-tensor collective the trainer runs (all_sum, all_max, the cross-rank advantages and
-  whitening) works under a group built the way the GPU path builds it, `train.backend("cuda")`, with
+  whitening) works under a group built the way the GPU path builds it, `distributed.backend("cuda")`, with
   gloo standing in for NCCL on the cuda side, and the old NCCL-only string's analogue fails;
 - the cross-rank advantages equal `algorithms.advantages` on the gathered batch, for every estimator;
-- `train.shard` puts trained models in train mode (so activation checkpointing really runs) and the
+- `distributed.shard` puts trained models in train mode (so activation checkpointing really runs) and the
   frozen reference in eval mode.
 """
 import os
@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 
 import algorithms as A
 import config as configs
+import distributed
 import train
 
 WORLD = 2
@@ -52,8 +53,8 @@ def spawn(fn, backend):
 
 
 def gpu_style_backend() -> str:
-    """train.backend("cuda") with gloo in NCCL's place: the same per-device routing, runnable on CPU."""
-    return train.backend("cuda").replace("nccl", "gloo")
+    """distributed.backend("cuda") with gloo in NCCL's place: the same per-device routing, runnable on CPU."""
+    return distributed.backend("cuda").replace("nccl", "gloo")
 
 
 def batch_for(rank: int, seed: int = 0) -> dict:
@@ -73,7 +74,7 @@ def batch_for(rank: int, seed: int = 0) -> dict:
 
 
 def _collectives(rank):
-    out = {"sum": train.all_sum(rank + 1, 0.5), "max": train.all_max(rank * 3)}
+    out = {"sum": distributed.all_sum(rank + 1, 0.5), "max": distributed.all_max(rank * 3)}
     full, mine = batch_for(rank)
     for algo in ("grpo", "rloo", "reinforce++", "reinforce++_baseline"):
         cfg = configs.Config(algo=algo, kl_coef=0.0)
@@ -105,7 +106,7 @@ def _cpu_all_reduce(rank):
 
 def test_an_accelerator_only_group_cannot_reduce_host_tensors():
     """The analogue of `init_process_group("nccl")`: a backend only for cuda tensors has nothing for
-    the CPU tensors the trainer reduces, which is why train.backend routes cpu to gloo."""
+    the CPU tensors the trainer reduces, which is why distributed.backend routes cpu to gloo."""
     assert spawn(_cpu_all_reduce, gpu_style_backend()) == ["ok", "ok"]
     errors = spawn(_cpu_all_reduce, "cuda:gloo")
     assert all("No backend type associated with device type cpu" in e for e in errors), errors
@@ -121,13 +122,13 @@ def _modes_and_checkpointing(rank):
     ids = torch.randint(0, 1000, (2, 64))
     saved = {}
     for checkpointing in (False, True):
-        model = train.shard(AutoModelForCausalLM.from_pretrained(tiny_model_dir()), mesh, "float32", checkpointing)
+        model = distributed.shard(AutoModelForCausalLM.from_pretrained(tiny_model_dir()), mesh, "float32", checkpointing)
         count = [0]
         with torch.autograd.graph.saved_tensors_hooks(lambda t: count.__setitem__(0, count[0] + 1) or t, lambda t: t):
             model(input_ids=ids, use_cache=False).logits.sum()
         saved[checkpointing] = count[0]
         policy_mode = model.training
-    ref = train.shard(AutoModelForCausalLM.from_pretrained(tiny_model_dir()), mesh, "float32", False, trainable=False)
+    ref = distributed.shard(AutoModelForCausalLM.from_pretrained(tiny_model_dir()), mesh, "float32", False, trainable=False)
     return {"saved": saved, "policy_training": policy_mode, "ref_training": ref.training,
             "ref_grad": any(p.requires_grad for p in ref.parameters())}
 
@@ -147,7 +148,7 @@ def _frozen_below_top_blocks(rank):
     from tiny import tiny_model_dir
 
     mesh = init_device_mesh("cpu", (WORLD,))
-    model = train.shard(AutoModelForCausalLM.from_pretrained(tiny_model_dir()), mesh, "float32", False, train_layers=1)
+    model = distributed.shard(AutoModelForCausalLM.from_pretrained(tiny_model_dir()), mesh, "float32", False, train_layers=1)
     before = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     torch.manual_seed(rank)
