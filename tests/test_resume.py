@@ -43,11 +43,12 @@ def launch(out, *extra, fault=None):
 
 
 def history(out) -> dict:
-    """step -> the last logged row of that step without wall times (a resumed step is logged again)."""
+    """step -> the last logged row of that step without wall times and memory readings (a resumed step is
+    logged again)."""
     rows = {}
     for line in (Path(out) / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
-        rows[row["step"]] = {k: v for k, v in row.items() if not k.startswith("time/")}
+        rows[row["step"]] = {k: v for k, v in row.items() if not k.startswith(("time/", "mem/"))}
     return rows
 
 
