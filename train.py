@@ -356,8 +356,10 @@ def main(argv=None):
                    "per token; the engine's weights may not match the policy (check the weight sync)")
         metrics["lr"] = schedulers["policy"].get_last_lr()[0]
         timing["time/step"] = time.perf_counter() - t0
+        if cfg.trim_heap:  # see _memory_metrics
+            timing["time/trim"] = trim_heap()
         metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
-        metrics.update(_memory_metrics(cfg.trim_heap, world))
+        metrics.update(_memory_metrics())
         last = step + 1 == cfg.steps
         if evaluate_now and ((step + 1) % cfg.eval_every == 0 or last):
             t = time.perf_counter()
@@ -438,12 +440,12 @@ def _rollout_metrics(episodes, horizon: int) -> dict:
             "horizon": horizon, **{f"end/{k}": v for k, v in ends.items()}}
 
 
-def _memory_metrics(trim: bool, world: int) -> dict:
-    """The largest rank's resident set and live C heap after the step's frees (bench/soak.py's leak check),
-    trimming the heap first if `trim`. glibc keeps most freed memory (its mmap threshold rises to 32 MB as
-    tensors are freed, so later ones come from its arenas), and the RSS of a rank then swings by 300-600 MB
-    a step over a floor that creeps up; trimmed, it follows the live heap."""
-    out = {"time/trim": all_sum(trim_heap())[0] / world} if trim else {}
+def _memory_metrics() -> dict:
+    """The largest rank's resident set and live C heap after the step's frees (bench/soak.py's leak check).
+    glibc keeps most freed memory (its mmap threshold rises to 32 MB as tensors are freed, so later ones
+    come from its arenas), and the RSS of a rank then swings by 300-600 MB a step over a floor that creeps
+    up; trimmed first (`--trim-heap`), it follows the live heap."""
+    out = {}
     mem = memory_mb()
     peak = torch.tensor([mem["rss_mb"], mem["heap_mb"]], dtype=torch.float64)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
