@@ -29,7 +29,8 @@ Task ids are AgentGym's own (`babyai_<n>` is task n here). `parser="agentgym"` (
 `--prompt-style agentgym`) extracts the action as the original client did: the text after the first
 `Action:` (`envs.agentgym_action`); the default takes the first line after a single `Action:`.
 
-Splits: train = seeds 0..999 of every level, test = seeds 100000..100004 (200 tasks), disjoint. The
+Splits: train = seeds 0..999 of every level, validation ("val") = seeds 50000..50004 and test = seeds
+100000..100004 (200 tasks each), disjoint. The
 paper tested on 90 tasks, listed in AgentGym-RL-Data-ID's `eval/babyai_test.json`: pass that file with
 `--tasks-file` to play exactly those.
 
@@ -70,6 +71,7 @@ LEVELS = [
 ]
 TRAIN_SEEDS = range(0, 1000)
 TEST_SEEDS = range(100_000, 100_005)
+VAL_SEEDS = range(50_000, 50_005)  # in-training evaluation and recipe choices; test is for final tables
 
 LEFT, RIGHT, FORWARD, PICKUP, DROP, TOGGLE = 0, 1, 2, 3, 4, 5  # minigrid's action indices
 VIEW = 7                             # minigrid's default agent_view_size
@@ -287,9 +289,9 @@ class BabyAI:
 
     # -- task metadata
     def tasks(self, split: str) -> list[int]:
-        seeds = {"train": TRAIN_SEEDS, "test": TEST_SEEDS}.get(split)
+        seeds = {"train": TRAIN_SEEDS, "val": VAL_SEEDS, "test": TEST_SEEDS}.get(split)
         if seeds is None:
-            raise ValueError(f"BabyAI has splits 'train' and 'test', not {split!r}")
+            raise ValueError(f"BabyAI has splits 'train', 'val' and 'test', not {split!r}")
         return [seed * len(LEVELS) + level for seed in seeds for level in range(len(LEVELS))]
 
     def subtask(self, task_id: int) -> str:
