@@ -10,7 +10,8 @@ Task id = (page, seed): `seed * len(pages) + page index`, so the first ids of a 
 Reset opens the page in a fresh context, calls `Math.seedrandom(seed)` and `core.startEpisodeReal()`,
 and waits for `WOB_TASK_READY`; every observation waits for the task's images (icons have no size, so
 no tree line, until theirs has loaded). The same id gives the same utterance and tree, ids included.
-Test seeds are 0 .. test_seeds-1, train seeds the next train_seeds: the splits never share a problem.
+Test seeds are 0 .. test_seeds-1, train seeds the next train_seeds, validation ("val") seeds the next
+val_seeds: the splits never share a problem.
 The subtask of a task is its page name, so evaluate.py reports per page.
 
 The observation is the web env's (envs/webarena.py): `OBSERVATION:`, the tabs, the accessibility tree
@@ -51,7 +52,7 @@ hover-shape); native date/time pickers that `type` cannot fill (enter-date, ente
 offered pages, the tests solve ten; the others were judged from their source and their first
 observation, not each solved.
 
-Options: pages (a list of page names; default all offered), test_seeds, train_seeds, width, height, brief
+Options: pages (a list of page names; default all offered), test_seeds, train_seeds, val_seeds, width, height, brief
 (a 140-token instruction instead of the web env's 530, for the CPU recipe).
 Test: python -m pytest tests/test_miniwob.py. Bench: python bench/envs.py --envs miniwob --pool 16.
 """
@@ -211,14 +212,14 @@ class MiniWoB:
     instruction = INSTRUCTION_MINIWOB
 
     def __init__(self, pages: list[str] | None = None, test_seeds: int = 100, train_seeds: int = 10_000,
-                 width: int = 1280, height: int = 720, brief: bool = False):
+                 val_seeds: int = 100, width: int = 1280, height: int = 720, brief: bool = False):
         self.instruction = BRIEF_INSTRUCTION if brief else INSTRUCTION_MINIWOB
         known = set(all_pages())
         self.pages = list(pages) if pages else offered_pages()
         unknown = [p for p in self.pages if p not in known]
         if unknown:
             raise ValueError(f"unknown MiniWoB++ pages {unknown}; the package has {len(known)}, e.g. click-button")
-        self.test_seeds, self.train_seeds = test_seeds, train_seeds
+        self.test_seeds, self.train_seeds, self.val_seeds = test_seeds, train_seeds, val_seeds
         # The server's port changes from run to run; the observation shows a fixed public name instead,
         # so that the same task gives the same text in every process.
         self.view = browser.Context(width=width, height=height, to_public=lambda u: u.replace(server_url(), PUBLIC),
@@ -229,8 +230,9 @@ class MiniWoB:
     # ------------------------------------------------------------------ protocol
     def tasks(self, split: str) -> list[int]:
         seeds = {"test": range(self.test_seeds), "train": range(self.test_seeds, self.test_seeds + self.train_seeds)}
+        seeds["val"] = range(seeds["train"].stop, seeds["train"].stop + self.val_seeds)
         if split not in seeds:
-            raise ValueError(f"unknown split {split!r}; choose 'train' or 'test'")
+            raise ValueError(f"unknown split {split!r}; choose 'train', 'val' or 'test'")
         return [seed * len(self.pages) + i for seed in seeds[split] for i in range(len(self.pages))]
 
     def page_seed(self, task_id: int) -> tuple[str, int]:
