@@ -1,7 +1,7 @@
 """SciWorld: the ScienceWorld simulator (PyPI `scienceworld`, a Scala jar driven over py4j) as an Env.
 
 Task ids enumerate every (task type, variation) pair of the 30 task types, 7207 in all, in the
-simulator's task order; `tasks(split)` returns the official train/dev/test variations (each task type's
+simulator's task order; `tasks(split)` returns the official train/dev/test variations ("val" is dev; each task type's
 variations are split into three contiguous ranges; the counts are in TASK_TYPES and a test checks
 them against the simulator). The first observation is the task description, a newline, and the
 output of `look around`, as in AgentGym. The reward is the running score / 100 (a failed task scores
@@ -205,9 +205,9 @@ class SciWorld:
 
     # -- task metadata
     def tasks(self, split: str) -> list[int]:
-        column = {"train": 0, "dev": 1, "test": 2}.get(split)
+        column = {"train": 0, "dev": 1, "val": 1, "test": 2}.get(split)  # "val": the official dev split
         if column is None:
-            raise ValueError(f"SciWorld has splits 'train', 'dev' and 'test', not {split!r}")
+            raise ValueError(f"SciWorld has splits 'train', 'dev' (also called 'val') and 'test', not {split!r}")
         ids = []
         for kind, (offset, row) in enumerate(zip(OFFSETS, TASK_TYPES)):
             if self.paper and kind not in AGENTGYM_TYPES:
