@@ -35,7 +35,9 @@ Departures:
   original refused it although its prompt says any specific kind of a generic ingredient will do).
 - Every refusal says why and what is allowed (the original said e.g. only "Could not find planks").
   Counts must be whole numbers from 1 to 64 (the original accepted `get 0 x` and any huge count).
-- A fixed split: 100 test goals drawn per depth in proportion (23/53/22/2), the other 444 train.
+- A fixed split: 100 test goals drawn per depth in proportion (23/53/22/2), then 50 validation goals
+  ("val") drawn the same way from the rest, the other 394 train. (The 544 goals are all there is, so
+  the validation goals came out of what was the 444-goal train split before it existed.)
 
 Run: `python -m envs.textcraft 17` plays task 17 on the terminal. Tests: tests/test_textcraft.py.
 """
@@ -53,6 +55,7 @@ from envs import parse_action
 
 MAX_COUNT = 64      # largest count in one action (a Minecraft stack)
 TEST_SIZE = 100     # goals in the test split (AgentGym evaluates TextCraft on 100 goals)
+VAL_SIZE = 50       # goals in the validation split (in-training evaluation, recipe choices)
 SPLIT_SEED = 1234   # fixes the split once; independent of the episode seed
 ALLOWED = ("Allowed actions: 'get N item' (base items only), 'craft N item using N a, M b' "
            "(one of the crafting commands), 'inventory'.")
@@ -280,14 +283,18 @@ class TextCraft:
         for d in sorted({self.book.depth[g] for g in self.goals}):
             ids = [i for i, g in enumerate(self.goals) if self.book.depth[g] == d]
             test += rng.sample(ids, round(TEST_SIZE * len(ids) / len(self.goals)))
-        self.split = {"test": sorted(test), "train": sorted(set(range(len(self.goals))) - set(test))}
+        rest, val = sorted(set(range(len(self.goals))) - set(test)), []
+        for d in sorted({self.book.depth[g] for g in self.goals}):  # drawn after test: test is unchanged
+            ids = [i for i in rest if self.book.depth[self.goals[i]] == d]
+            val += rng.sample(ids, round(VAL_SIZE * len(ids) / len(rest)))
+        self.split = {"test": sorted(test), "val": sorted(val), "train": sorted(set(rest) - set(val))}
         self.goal: str | None = None
         self.inventory: dict[str, int] = {}
         self.success = False
 
     def tasks(self, split: str) -> list[int]:
         if split not in self.split:
-            raise ValueError(f"unknown split {split!r}; TextCraft has 'train' and 'test'")
+            raise ValueError(f"unknown split {split!r}; TextCraft has 'train', 'val' and 'test'")
         return list(self.split[split])
 
     def subtask(self, task_id: int) -> str:

@@ -151,9 +151,10 @@ def test_matches_the_original_crafting_tree_on_sorted_files(env, monkeypatch):
 def test_depth_counts_split_and_subtasks(env):
     assert Counter(env.subtask(i) for i in range(len(env.goals))) == {
         "depth1": 125, "depth2": 291, "depth3": 117, "depth4": 11}
-    train, test = env.tasks("train"), env.tasks("test")
-    assert (len(train), len(test)) == (444, 100)
-    assert not set(train) & set(test) and sorted(train + test) == list(range(544))
+    train, val, test = env.tasks("train"), env.tasks("val"), env.tasks("test")
+    assert (len(train), len(val), len(test)) == (394, 50, 100)
+    assert sorted(train + val + test) == list(range(544))  # disjoint and complete
+    assert Counter(env.subtask(i) for i in val) == {"depth1": 11, "depth2": 27, "depth3": 11, "depth4": 1}
     assert Counter(env.subtask(i) for i in test) == {"depth1": 23, "depth2": 53, "depth3": 22, "depth4": 2}
     assert env.tasks("test") == TextCraft().tasks("test")  # fixed, not drawn per instance
     with pytest.raises(ValueError):
