@@ -31,8 +31,11 @@ Departures from the paper, and why:
   `{"id", "contents": "\\"Title\\"\\ntext"}`); `cache_dir` saves the index for big corpora.
   Each question's subtask is its `data_source` (else `dataset`, else the file name), so evaluate.py
   reports one row per dataset, like the paper's table. Task ids number the train rows, then the
-  test rows, as the original server did (AgentGym's `searchqa_<n>` is task n; envs/agentgym.py).
-  Without QA files the default questions are used, whatever the corpus.
+  test rows, as the original server did (AgentGym's `searchqa_<n>` is task n; envs/agentgym.py);
+  the rows of an optional `qa_val` file (the validation split, "val") come after both.
+  Without QA files the default questions are used, whatever the corpus; they are split by a hash of
+  the question: test when crc32 % 5 == 0, validation when crc32 % 10 == 1 (about 10%, taken from what
+  was train before the split existed), train otherwise.
 
 The index is built once per process per corpus (about 2 s for the default corpus) and shared by
 all instances. Test: `python -m pytest tests/test_searchqa.py`.
@@ -256,7 +259,7 @@ _QUESTIONS: list[Question] | None = None
 
 
 class SearchQA:
-    """Search-engine QA. Options: topk, qa_train / qa_test (FlashRAG JSONL), corpus (wiki JSONL), cache_dir,
+    """Search-engine QA. Options: topk, qa_train / qa_test / qa_val (FlashRAG JSONL), corpus (wiki JSONL), cache_dir,
     and the retriever: "bm25" (default) or "dense" with `encoder` (HF model directory or name), an optional
     precomputed `dense_index` (.pt, one row per passage) and e5-style `query_prefix` / `passage_prefix`."""
 
@@ -265,7 +268,7 @@ class SearchQA:
     def __init__(self, topk: int = 3, qa_train: str | None = None, qa_test: str | None = None,
                  corpus: str | None = None, cache_dir: str | None = None, retriever: str = "bm25",
                  encoder: str | None = None, dense_index: str | None = None, query_prefix: str = "query: ",
-                 passage_prefix: str = "passage: "):
+                 passage_prefix: str = "passage: ", qa_val: str | None = None):
         global _QUESTIONS
         if retriever not in ("bm25", "dense"):
             raise ValueError(f"unknown retriever {retriever!r}; choose 'bm25' or 'dense' (with an encoder)")
@@ -285,27 +288,29 @@ class SearchQA:
                                            query_prefix, passage_prefix)
             self.contents, self.index = get_index(
                 f"{key}|dense|{encoder}|{dense_index}|{query_prefix}|{passage_prefix}", loader, dense)
-        if qa_train or qa_test:
+        if qa_train or qa_test or qa_val:
             train = load_flashrag_qa(qa_train) if qa_train else []
             test = load_flashrag_qa(qa_test) if qa_test else []
-            self.questions = train + test
-            self._split = {"train": list(range(len(train))),
-                           "test": list(range(len(train), len(train) + len(test)))}
+            val = load_flashrag_qa(qa_val) if qa_val else []  # numbered last: AgentGym ids stay exact
+            self.questions = train + test + val
+            n = len(train) + len(test)
+            self._split = {"train": list(range(len(train))), "test": list(range(len(train), n)),
+                           "val": list(range(n, n + len(val)))}
         else:
             if _QUESTIONS is None:
                 _QUESTIONS = _default_questions()
             self.questions = _QUESTIONS
             # Fixed split by a hash of the question text: stable when question sets grow.
-            test = [zlib.crc32(q.question.encode()) % 5 == 0 for q in self.questions]
-            self._split = {"train": [i for i, t in enumerate(test) if not t],
-                           "test": [i for i, t in enumerate(test) if t]}
+            hashes = [zlib.crc32(q.question.encode()) for q in self.questions]
+            split = ["test" if h % 5 == 0 else "val" if h % 10 == 1 else "train" for h in hashes]
+            self._split = {name: [i for i, s in enumerate(split) if s == name] for name in ("train", "val", "test")}
         self.current: Question | None = None
         self.success = False
         self.done = False
 
     def tasks(self, split: str) -> list[int]:
         if split not in self._split:
-            raise ValueError(f"unknown split {split!r}; choose 'train' or 'test'")
+            raise ValueError(f"unknown split {split!r}; choose 'train', 'val' or 'test'")
         return list(self._split[split])
 
     def subtask(self, task_id: int) -> str:

@@ -29,9 +29,9 @@ def _mentions(docs: list[str], answer: str) -> bool:
 
 def test_protocol_and_splits(env):
     assert isinstance(env, Env)
-    train, test = env.tasks("train"), env.tasks("test")
-    assert len(train) > 500 and len(test) > 100 and not set(train) & set(test)
-    assert sorted(train + test) == list(range(len(env.questions)))
+    train, val, test = env.tasks("train"), env.tasks("val"), env.tasks("test")
+    assert len(train) > 500 and len(val) > 50 and len(test) > 100
+    assert sorted(train + val + test) == list(range(len(env.questions)))  # disjoint and complete
     assert {env.subtask(i) for i in train + test} == {"fanoutqa", "wiki-1hop", "wiki-2hop"}
     assert make("searchqa").index is env.index  # the index is built once per process
     with pytest.raises(ValueError):
@@ -131,8 +131,8 @@ def test_flashrag_and_wiki_loaders(tmp_path):
     test.write_text(json.dumps({"id": "b", "question": "Since when is the Blue Fair held?",
                                 "golden_answers": ["1887"], "data_source": "hotpotqa"}) + "\n")
     env = make("searchqa", qa_train=str(train), qa_test=str(test), corpus=str(corpus),
-               cache_dir=str(tmp_path / "cache"))
-    assert env.tasks("train") == [0] and env.tasks("test") == [1]
+               cache_dir=str(tmp_path / "cache"), qa_val=str(train))
+    assert env.tasks("train") == [0] and env.tasks("test") == [1] and env.tasks("val") == [2]  # val rows last
     assert env.subtask(0) == "nq_train" and env.subtask(1) == "hotpotqa"
     assert env.reset(1) == "Question: Since when is the Blue Fair held?"
     obs, _, _ = env.step("<search>Blue Fair annual</search>")
