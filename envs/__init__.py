@@ -52,7 +52,8 @@ class Env(Protocol):
         """Release simulator resources (JVMs, files)."""
 
     def tasks(self, split: str) -> list[int]:
-        """Task ids of a split ("train", "test", and "dev" where the env has one)."""
+        """Task ids of a split: "train", "val" (validation: in-training evaluation, recipe choices) and
+        "test" (final tables only), disjoint (tests/test_splits.py)."""
 
     def subtask(self, task_id: int) -> str:
         """Category name of a task, for per-subtask evaluation tables."""

@@ -162,7 +162,8 @@ def parse(action: str) -> tuple[str, tuple] | str:
 class WebArena:
     """WebArena's text interface on the local sites, or on the real ones.
 
-    Options: seed (sites and tasks), viewport_lines (text backend), per_template, test_every; backend
+    Options: seed (sites and tasks), viewport_lines (text backend), per_template, test_every (every n-th
+    task is test, every 2n-th after it validation); backend
     ("text" or "browser"), width, height, viewport_only (browser); configs, sites, auth_dir, judge,
     skip_unsupported (real WebArena tasks, envs/webarena_configs.py).
     """
@@ -199,11 +200,16 @@ class WebArena:
 
     # ------------------------------------------------------------------ protocol
     def tasks(self, split: str) -> list[int]:
-        if split not in ("train", "test"):
-            raise ValueError(f"unknown split {split!r}; choose 'train' or 'test'")
+        if split not in ("train", "val", "test"):
+            raise ValueError(f"unknown split {split!r}; choose 'train', 'val' or 'test'")
         if self.configs is not None:  # WebArena's configs are one evaluation set, numbered by their task_id
+            if split == "val":
+                raise ValueError("the real WebArena configs are one evaluation set: there is no validation split")
             return list(self._by_id)
-        return [i for i in range(len(self.task_list)) if (i % self.test_every == 0) == (split == "test")]
+        # every test_every-th task is test; of the others, every (2 * test_every)-th after that is validation
+        te = self.test_every
+        return [i for i in range(len(self.task_list))
+                if ("test" if i % te == 0 else "val" if i % (2 * te) == 1 else "train") == split]
 
     def _task(self, task_id: int):
         if self.configs is None:

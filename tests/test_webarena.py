@@ -220,8 +220,9 @@ def env():
 
 def test_protocol_and_splits(env):
     assert isinstance(env, Env)
-    train, test = env.tasks("train"), env.tasks("test")
-    assert len(train) + len(test) == len(env.task_list) >= 200 and not set(train) & set(test)
+    train, val, test = env.tasks("train"), env.tasks("val"), env.tasks("test")
+    assert sorted(train + val + test) == list(range(len(env.task_list))) and len(env.task_list) >= 200
+    assert len(val) >= len(env.task_list) // 10 and len(test) >= len(env.task_list) // 5
     sites = {"shopping", "shopping_admin", "reddit", "gitlab"}
     assert {env.subtask(i) for i in test} == sites == {env.subtask(i) for i in train}
     assert {t.kind for t in env.task_list} == {"info", "nav", "state"}
