@@ -30,7 +30,7 @@ class Digits:
         pass
 
     def tasks(self, split: str) -> list[int]:
-        return list(range(64)) if split == "train" else list(range(64, 80))
+        return list(range(64)) if split == "train" else list(range(80, 96)) if split == "val" else list(range(64, 80))
 
     def subtask(self, task_id: int) -> str:
         return f"len{1 + task_id % self.obs_words}"
