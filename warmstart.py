@@ -16,10 +16,15 @@ How: each rank plays its share of expert episodes in the env and records them to
 observation tokens with mask 0), exactly the layout RL trains on. Training is the negative
 log-likelihood of the masked tokens, summed over a mini-batch and divided by its policy-token count
 over all ranks, through the same FSDP2 model, micro-batching and sliced LM head as the RL update.
+
+An exception inside `env.expert()` (minigrid's BabyAI bot raises a TypeError on a few tasks) ends that
+demonstration as failed (end "expert_error", logged on stderr, counted in the summary); the run goes on.
+Test: python -m pytest tests/test_warmstart.py
 """
 from __future__ import annotations
 
 import random
+import sys
 import time
 
 import torch
@@ -39,7 +44,12 @@ def expert_episode(env, chat, task_id: int, max_turns: int, max_context: int, fr
     ep.ids = chat.prompt(instruction, obs, acknowledgement)
     ep.prompt_len = len(ep.ids)
     for turn in range(max_turns):
-        reply = env.expert()
+        try:
+            reply = env.expert()
+        except Exception as exc:  # noqa: BLE001  the solver's own bug (minigrid's BabyAI bot raises a TypeError
+            # on some tasks) costs one demonstration, flagged, never the whole run
+            ep.end, ep.error = "expert_error", f"{type(exc).__name__}: {exc}"
+            break
         reply_ids = chat.encode(reply) + list(chat.stop_ids[:1])
         if len(ep.ids) + len(reply_ids) > max_context:
             ep.end = "context"
@@ -121,9 +131,14 @@ def run(cfg, turns: int, policy, ref, env_pool, pool, chat, tokenizer, train_ids
     played = [ep for part in played for ep in part]
     # only the expert's successes: a failed expert episode ends in fallback wandering, not in skill
     episodes = [ep for ep in played if ep.success]
-    n, wins, tokens = reduce_sum(len(played), len(episodes), sum(sum(e.mask) for e in episodes))
+    crashed = [ep for ep in played if ep.end == "expert_error"]
+    for ep in crashed:  # every rank reports its own
+        print(f"warm start: the expert failed on task {ep.task_id} ({ep.error[:200]}); one failed demonstration",
+              file=sys.stderr, flush=True)
+    n, wins, tokens, errors = reduce_sum(len(played), len(episodes), sum(sum(e.mask) for e in episodes), len(crashed))
     say(f"warm start: {int(n)} expert episodes in {time.perf_counter() - t:.0f}s, {int(wins)} successful within "
-        f"{turns} turns ({tokens / max(wins, 1):.0f} policy tokens each); imitating those")
+        f"{turns} turns ({tokens / max(wins, 1):.0f} policy tokens each), {int(errors)} stopped by an expert error; "
+        "imitating the successful ones")
     trained = [p for p in policy.parameters() if p.requires_grad]  # --train-layers may freeze some
     optimizer = torch.optim.AdamW(trained, lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
     progress = lambda k, total, nll: say(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")  # noqa: E731

@@ -1,0 +1,50 @@
+"""The warm start survives its expert: an exception inside `env.expert()` (minigrid's BabyAI bot raises
+a TypeError in baby_ai_bot.py on BabyAI task 4000074, SynthS5R2 seed 100001) is one failed
+demonstration, flagged and counted, never the end of the run. Real env, real bot, real train.py."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+import tiny
+import warmstart
+from envs.babyai import BabyAI
+from rollout import ChatFormat
+
+ROOT = Path(__file__).resolve().parent.parent
+CRASH = 4_000_074  # the bot's TypeError: 'NoneType' object is not iterable (replan_before_action)
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return ChatFormat(AutoTokenizer.from_pretrained(tiny.tiny_model_dir()))
+
+
+def test_bot_crash_is_one_failed_demonstration(chat):
+    env = BabyAI()
+    assert env.level(CRASH) == "BabyAI-SynthS5R2-v0" and CRASH // 40 == 100_001
+    ep = warmstart.expert_episode(env, chat, CRASH, max_turns=40, max_context=8192)
+    assert ep.end == "expert_error" and not ep.success and ep.error.startswith("TypeError")
+    assert sum(ep.mask) == ep.turns == 0  # the bot fails on its first call: nothing to imitate
+    ok = warmstart.expert_episode(env, chat, 1, max_turns=40, max_context=8192)  # the same instance goes on
+    assert ok.success and ok.end == "done" and not ok.error
+
+
+def test_train_with_a_crashing_demonstration_runs_to_the_end(tmp_path):
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps([f"babyai_{CRASH}", "babyai_1"]))  # the crash, and a task the bot solves
+    cmd = [sys.executable, "train.py", "--env", "babyai", "--tasks-file", str(tasks), "--bc-episodes", "2",
+           "--bc-epochs", "1", "--bc-batch", "2", "--steps", "1", "--engine", "hf", "--tasks-per-step", "2",
+           "--samples-per-task", "2", "--max-tokens", "8", "--horizon", "2", "--out", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 expert episodes" in proc.stdout and "1 successful" in proc.stdout
+    assert "1 stopped by an expert error" in proc.stdout
+    assert f"the expert failed on task {CRASH} (TypeError" in proc.stderr
+    assert (tmp_path / "run" / "warmstart" / "config.json").exists()
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
