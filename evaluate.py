@@ -204,6 +204,9 @@ def check(cfg: EvalConfig) -> str | None:
         except (OSError, ValueError) as exc:
             return (f"--model {cfg.model!r} cannot be loaded ({str(exc).splitlines()[0][:120]}); "
                     "use 'tiny', a model directory or an HF name")
+    from memplan import check_generation
+    if problem := check_generation(d.model, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.chunk * cfg.k):
+        return problem  # the generator's weights and KV cache against what a rank can have
     saved = d.out / "config.json"
     if saved.exists():  # a resume must not mix transcripts of a different model or decoding
         old, new = json.loads(saved.read_text()), identity(cfg, d)

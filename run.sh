@@ -5,7 +5,8 @@
 #   bash run.sh test  [pytest flags]     run the test suite
 # Set-up: creates .venv (or refreshes it when requirements.txt changed) with the exact pinned packages,
 # and installs Debian's chromium when it is missing (as root), the browser of `--env-options '{"backend": "browser"}'`
-# and of `--env miniwob`.
+# and of `--env miniwob`. Ranks start through lifeline.py: torchrun itself, ending with one readable line
+# (rank, signal, memory, likely cause) if a rank dies.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}
@@ -37,15 +38,15 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
   train)
-    if [ $# -gt 0 ]; then exec torchrun --standalone --nproc_per_node "${NPROC:-2}" train.py "$@"; fi
+    if [ $# -gt 0 ]; then exec python lifeline.py --standalone --nproc_per_node "${NPROC:-2}" train.py "$@"; fi
     # No flags: the CPU learning recipe (config.smollm2), then held-out evaluations of the untrained
     # model, the warm start and the RL result on the same 40 test tasks x 4 samples, and their table.
     out=runs/babyai-smollm2
     resume=()
     if compgen -G "$out/checkpoints/step_*" > /dev/null || [ -e "$out/warmstart/config.json" ]; then resume=(--resume); fi
-    torchrun --standalone --nproc_per_node "${NPROC:-2}" train.py --preset smollm2 --out "$out" "${resume[@]}"
+    python lifeline.py --standalone --nproc_per_node "${NPROC:-2}" train.py --preset smollm2 --out "$out" "${resume[@]}"
     for pair in untrained=smollm2 warmstart="$out/warmstart" rl="$out"; do
-      torchrun --standalone --nproc_per_node "${NPROC:-2}" evaluate.py --env babyai --env-options '{"brief": true}' \
+      python lifeline.py --standalone --nproc_per_node "${NPROC:-2}" evaluate.py --env babyai --env-options '{"brief": true}' \
         --model "${pair#*=}" --limit 40 --k 4 --turns 8 --max-tokens 40 --max-context 2048 --out "$out/eval-${pair%%=*}"
     done
     python report.py untrained="$out/eval-untrained" warm-start="$out/eval-warmstart" \

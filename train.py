@@ -42,6 +42,8 @@ import checkpoint
 import config as configs
 import envs
 import faults
+import lifeline
+import memplan
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
 from distributed import all_max, all_sum, full_tensors, setup_distributed, shard
 from engine import make_engine
@@ -204,11 +206,17 @@ def main(argv=None):
     cfg = configs.parse(argv)
     world_guess = int(os.environ.get("WORLD_SIZE", 1))
     problem = configs.check(cfg, world_guess) or configs.writable(configs.derive(cfg).out)
+    if not problem:  # a rank's planned peak against what it can have (memplan.py): adapt, or stop here
+        d = configs.derive(cfg)
+        cfg, memory, problem = memplan.check_run(cfg, world_guess, d.device, d.dtype)
     if problem:  # before any model, engine or simulator starts
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
-    d = configs.derive(cfg)
     rank, world = setup_distributed(d.device)
+    box = [cfg]  # ranks read their memory at slightly different moments: rank 0's plan decides for all
+    dist.broadcast_object_list(box, src=0)
+    cfg = box[0]
+    lifeline.start(rank, **memory)  # rank 0 says the plan; heartbeats name the cause if a rank dies
     out = Path(d.out)
     ckpt_root = out / "checkpoints"
     # the newest checkpoint whose files match their recorded sizes and checksums (a broken one is skipped)
@@ -387,6 +395,9 @@ def main(argv=None):
 
 def finish(env_pool, threads, engine, log, code: int = 0) -> None:
     """Close everything on every rank and end the process with `code` (a collective)."""
+    lifeline.stop()
+    if not code:
+        print0(lifeline.peak_report())
     if log:
         log.close()
     for env in env_pool:

@@ -1,0 +1,240 @@
+"""When a rank dies, one readable line says which, how, at what memory, and the likely cause.
+
+A rank killed by the kernel's out-of-memory killer leaves no traceback of its own: its peers fail in a
+collective and torchrun prints a ChildFailedError wall with "Signal 9 (SIGKILL)" somewhere inside it.
+Here each rank keeps a heartbeat, a tiny JSON file (its pid, resident memory now and at peak, the memory
+plan's figures) rewritten every second in a directory shared by the ranks of one node. Then:
+
+- a surviving rank that finds a peer's process gone (its watcher thread, or the SIGTERM torchrun sends
+  to the survivors) prints, once: `error: rank 0 (pid 4242) died: killed by the kernel's out-of-memory
+  killer, last seen at 13.3 GB resident (planned peak 5.2 GB, 11.0 GB a rank can have); ...`;
+- the launcher, `python lifeline.py [torchrun flags] train.py ...` (what run.sh runs), is torchrun itself
+  in-process: when a worker fails it ends with the same line, now with the signal torchrun saw.
+
+The kernel's own log (/dev/kmsg, readable as root) confirms an out-of-memory kill by pid when it can be
+read; otherwise a SIGKILL at a resident size near the rank's share is reported as the likely cause.
+Only ranks on this node are watched (a pid means nothing on another machine).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import resource
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+GB = 2**30
+BEAT = 1.0  # seconds between heartbeats and peer checks
+_STATE = {"rank": None, "dir": None, "said": False, "note": None}
+
+
+def directory() -> Path | None:
+    """The node's heartbeat directory: the launcher's, or one per torchrun run id; None outside torchrun."""
+    if os.environ.get("AGENTGYM_LIFELINE"):
+        return Path(os.environ["AGENTGYM_LIFELINE"])
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not run_id or "LOCAL_RANK" not in os.environ:
+        return None
+    return Path(tempfile.gettempdir()) / f"agentgym-lifeline-{run_id}"
+
+
+def _rss() -> tuple[float, float]:
+    """Resident bytes now and at peak (VmRSS, ru_maxrss)."""
+    now = 0.0
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                now = int(line.split()[1]) * 1024.0
+    except OSError:
+        pass
+    return now, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+
+
+def start(rank: int, note: str | None = None, plan: float | None = None, share: float | None = None) -> None:
+    """Begin this rank's heartbeat and peer watch (a daemon thread), and say the memory plan on rank 0."""
+    if rank == 0 and note:
+        print(note, flush=True)
+    _STATE.update(rank=rank, note=note, plan=plan, share=share, dir=directory())
+    if _STATE["dir"] is None:
+        return
+    _STATE["dir"].mkdir(parents=True, exist_ok=True)
+    beat()
+    atexit.register(stop)  # after a traceback: the cause if a peer died, and silence about this rank
+    threading.Thread(target=_watch, name="lifeline", daemon=True).start()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_term)
+
+
+def stop() -> None:
+    """This rank is ending: if a peer died first (a collective then failed here), say so as the last line;
+    then mark this rank's heartbeat as stopped, so that its peers stay quiet about it."""
+    if _STATE["dir"] is not None and not _STATE.get("stopped"):
+        if dead := _dead_peer():
+            _say_once(cause(dead))
+        _STATE["stopped"] = _STATE["said"] = True
+        beat()
+
+
+def beat() -> None:
+    now, top = _rss()
+    record = {"rank": _STATE["rank"], "pid": os.getpid(), "rss": now, "peak": top, "plan": _STATE.get("plan"),
+              "share": _STATE.get("share"), "time": time.time(), "stopped": bool(_STATE.get("stopped"))}
+    path = _STATE["dir"] / f"rank{_STATE['rank']}.json"
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+    except OSError:  # a full /tmp must not stop training
+        pass
+
+
+def beats(where: Path) -> list[dict]:
+    out = []
+    for path in sorted(where.glob("rank*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, dead but not yet reaped by torchrun, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def oom_killed(pid: int) -> bool:
+    """Whether the kernel's log records an out-of-memory kill of `pid` (False when it cannot be read)."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    found = False
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError:  # a record overwritten while reading: skip it
+                continue
+            if b"Killed process %d " % pid in record or b"Killed process %d\n" % pid in record:
+                found = True
+    finally:
+        os.close(fd)
+    return found
+
+
+def cause(record: dict, signum: int | None = None) -> str:
+    """One line about a dead rank from its last heartbeat and, when known, the signal that ended it."""
+    rss, peak, plan, share = (record.get(k) for k in ("rss", "peak", "plan", "share"))
+    oom = oom_killed(record["pid"])
+    if oom:
+        how = "killed by the kernel's out-of-memory killer (SIGKILL)"
+    elif signum:
+        how = f"killed by {signal.Signals(signum).name}" if signum in signal.Signals._value2member_map_ else \
+            f"killed by signal {signum}"
+    else:
+        how = "its process is gone without a word of its own (a signal such as the out-of-memory killer's " \
+              "SIGKILL, or a crash below Python)"
+    seen = f"last seen at {rss / GB:.1f} GB resident (peak {peak / GB:.1f} GB"
+    seen += f", planned peak {plan / GB:.1f} GB" if plan else ""
+    seen += f", {share / GB:.1f} GB a rank can have)" if share else ")"
+    near = share and peak and peak >= 0.8 * share
+    if oom or (signum == signal.SIGKILL and near):
+        hint = ("likely out of memory: lower --micro-tokens or turn on --checkpointing, use fewer ranks per node, "
+                "or check what else uses this machine's memory")
+    elif signum == signal.SIGKILL:
+        hint = "SIGKILL came from outside the run (the out-of-memory killer if memory ran short elsewhere; check dmesg)"
+    elif signum:
+        hint = "see that rank's own output above"
+    else:
+        hint = "the launcher's last line names the signal"
+    return f"error: rank {record['rank']} (pid {record['pid']}) died: {how}, {seen}; {hint}"
+
+
+def _dead_peer() -> dict | None:
+    for record in beats(_STATE["dir"]):
+        if record["rank"] != _STATE["rank"] and not record.get("stopped") and not alive(record["pid"]):
+            return record
+    return None
+
+
+def _say_once(line: str) -> None:
+    if not _STATE["said"]:
+        _STATE["said"] = True
+        print(f"\n[rank {_STATE['rank']}] {line}", file=sys.stderr, flush=True)
+
+
+def _watch() -> None:
+    while not _STATE.get("stopped"):
+        time.sleep(BEAT)
+        beat()
+        if not _STATE["said"] and (dead := _dead_peer()):
+            _say_once(cause(dead))
+
+
+def _on_term(signum, frame) -> None:
+    """torchrun stops the survivors with SIGTERM when a rank fails: say why before going."""
+    dead = _dead_peer() if _STATE["dir"] else None
+    if dead:
+        _say_once(cause(dead))
+    raise SystemExit(128 + signum)
+
+
+def peak_report() -> str:
+    """The peak resident memory of every rank against the plan (a collective; rank 0 prints it at the end)."""
+    import torch.distributed as dist
+
+    peaks = [None] * dist.get_world_size()
+    dist.all_gather_object(peaks, _rss()[1])
+    plan = _STATE.get("plan")
+    text = ", ".join(f"{p / GB:.2f}" for p in peaks)
+    return f"peak resident memory per rank: {text} GB" + (f" (planned peak {plan / GB:.2f} GB)" if plan else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """torchrun, in-process, ending with the one-line cause when a worker fails."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    where = Path(tempfile.mkdtemp(prefix="agentgym-lifeline-"))
+    os.environ["AGENTGYM_LIFELINE"] = str(where)  # the workers inherit it
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as exc:
+        print(exc.format_msg(), file=sys.stderr)
+        records = {r["rank"]: r for r in beats(where)}
+        failures = sorted(exc.failures.items(), key=lambda kv: (kv[1].exitcode >= 0, kv[1].timestamp))
+        rank, failure = failures[0]  # a signalled rank first: the others usually died of its absence
+        signum = -failure.exitcode if failure.exitcode < 0 else None
+        record = records.get(rank, {"rank": rank, "pid": failure.pid, "rss": 0.0, "peak": 0.0})
+        record["pid"] = failure.pid
+        if signum:
+            print(cause(record, signum), file=sys.stderr)
+        elif failure.exitcode != 2:  # exit 2 is a config error, already said in one line
+            print(f"error: rank {rank} exited with code {failure.exitcode}; its error is above", file=sys.stderr)
+        return 1
+    finally:
+        for path in where.glob("*"):
+            path.unlink(missing_ok=True)
+        where.rmdir()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

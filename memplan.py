@@ -1,0 +1,341 @@
+"""The memory plan: a rank's peak from the model's shape and the run's settings, checked against the
+memory this machine can give each rank, before any model loads.
+
+    plan = memplan.rank_plan(cfg, world, local_world, device, dtype)   # bytes per row, two phases
+    cfg, note = memplan.fit(cfg, world, local_world, device, dtype)     # adapt or stop (MemoryPlanError)
+
+Why: a micro-batch budget made for a 0.2M-parameter model, given to a 135M one, grew a rank to 13 GB in
+its first update and the kernel killed it; nothing said why. The arithmetic below predicts a rank's peak
+within about 10% on this machine (bench/memory_plan.py --compare), so train.py, evaluate.py and
+bench/train_step.py consult it first: a plan that does not fit either shrinks the micro-batch budget
+(checkpointing on first) and says so in one line, or stops with one line naming the flag and the figure.
+
+Dimensions: P parameters, L layers, H hidden, I intermediate, V vocabulary, kv = key/value heads x
+head_dim, W ranks, T tokens of the largest micro-batch (rows x padded width: the budget, or one whole
+episode of `max_context` tokens when that is longer), c bytes of the compute dtype (2 bf16, 4 fp32).
+The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
+
+  sharded fp32 parameters  4P/W   the fp32 masters: FSDP2 keeps no other fp32 copy (MixedPrecisionPolicy
+                                  casts them to bf16 at each all-gather)
+  sharded fp32 gradients   4P/W   reduce_dtype float32, kept from the first backward to zero_grad
+  AdamW moments            8P/W   exp_avg and exp_avg_sq, fp32, sharded
+  unsharded compute copies c x (root + 2 blocks): the root group (embeddings, untied head, final norm)
+                                  stays all-gathered from its forward to its post-backward; the blocks
+                                  one at a time, plus the next one prefetched
+  unsharded gradients      root x (c + 4 if bf16), + V x H x c if the head is tied (its two
+                                  contributions exist apart before they are summed)
+  reference model          4P/W sharded (train.main reshards the frozen reference after scoring)
+  critic                   the policy's first five rows again (PPO only; its head is one output)
+  LM-head slice            28 x n x V bytes, n = min(T, LOGIT_ELEMENTS // V) (batch.py): logits in c
+                                  and fp32, logsumexp and softmax temporaries and their gradients
+                                  (measured 29 bytes per slice element in bf16, 26 in fp32)
+  activations              checkpointing: L x T x H x c (each block's input) + 2 x T x A (the block
+                                  being recomputed, and its gradients); without: L x T x A + T x A,
+                                  A = c(8H + 3kv + 5I) + 16H bytes a token; plus 3 x T x H x c
+  generator                GPU vLLM: 0 while training (sleep level 2), `gpu_util` x GPU during
+                                  rollouts; CPU vLLM: P x c + its KV cache, always (engine.kv_cache_gib);
+                                  HF engine: P x c always
+  runtime                  on CPU the process's resident size now, plus vLLM's imports (measured
+                                  about 300 MB); on GPU the CUDA context and allocator slack (1 GB)
+
+Loading: a rank reads the whole model in fp32 (4P) before sharding it; the plan's third phase.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from batch import LOGIT_ELEMENTS
+
+GB, MB = 2**30, 2**20
+SLICE_BYTES = 28      # bytes per element of one LM-head slice at its peak (see the docstring)
+VLLM_IMPORTS = 300 * MB  # resident size vLLM's CPU build adds when it is imported and its LLM class loaded
+HEADROOM = 0.9        # share of the memory a rank can have that the plan may fill (page cache, allocator slack)
+BUILTIN = {  # HF config.json fields of the built-in models
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2"),
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, model_type="llama"),
+}
+
+
+class MemoryPlanError(ValueError):
+    """The plan does not fit and cannot be adapted: the message is the one line to print."""
+
+
+@dataclass
+class Shape:
+    H: int
+    I: int
+    L: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    V: int
+    tied: bool
+    bias: bool  # q/k/v projection biases (Qwen2)
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def block(self) -> int:
+        """Parameters of one decoder block."""
+        q, o = self.H * self.heads * self.head_dim, self.heads * self.head_dim * self.H
+        bias = (self.heads * self.head_dim + 2 * self.kv) if self.bias else 0
+        return q + 2 * self.H * self.kv + o + bias + 3 * self.H * self.I + 2 * self.H
+
+    @property
+    def root(self) -> int:
+        """Parameters of the root FSDP group: embeddings, the untied head, the final norm."""
+        return self.V * self.H * (1 if self.tied else 2) + self.H
+
+    @property
+    def params(self) -> int:
+        return self.L * self.block + self.root
+
+
+def shape(config: dict) -> Shape:
+    heads = config["num_attention_heads"]
+    return Shape(H=config["hidden_size"], I=config["intermediate_size"], L=config["num_hidden_layers"], heads=heads,
+                 kv_heads=config.get("num_key_value_heads") or heads,
+                 head_dim=config.get("head_dim") or config["hidden_size"] // heads, V=config["vocab_size"],
+                 tied=bool(config.get("tie_word_embeddings", False)),
+                 bias=config.get("model_type") == "qwen2" or bool(config.get("attention_bias", False)))
+
+
+def model_config(name: str) -> dict:
+    """The config.json fields of a model, without loading (or building) it: the built-in shapes, 'tiny'
+    and 'smollm2' from their recipes, a directory or config.json path, or an HF name in the local cache."""
+    if name in BUILTIN:
+        return BUILTIN[name]
+    if name == "smollm2":
+        return BUILTIN["smollm2-135m"]
+    if name == "tiny":
+        import tiny
+        return dict(tiny.MODEL, vocab_size=tiny.VOCAB_SIZE, model_type="qwen2")
+    path = Path(name)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    from transformers import AutoConfig
+    return AutoConfig.from_pretrained(name).to_dict()
+
+
+def vllm_cpu_kv_gib(s: Shape, dtype: str, max_context: int, seqs: int, cap: int = 8) -> int:
+    """engine.kv_cache_gib's sizing of vLLM's CPU KV cache: `seqs` sequences of `max_context` tokens plus a
+    quarter for prefix caching, whole GiB between 1 and `cap` (VLLM_CPU_KVCACHE_SPACE overrides it)."""
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return int(float(os.environ["VLLM_CPU_KVCACHE_SPACE"]))
+    need = 2 * s.L * s.kv * (4 if dtype == "float32" else 2) * max_context * seqs * 1.25 / GB
+    return int(min(cap, max(1, -(-need // 1))))
+
+
+def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl: bool, engine: str, device: str,
+         gpu_gb: float = 80.0, gpu_util: float = 0.5, runtime: float = 0.0, max_context: int = 3072,
+         seqs: int = 16, critic: bool = False) -> dict:
+    """Bytes per rank of each row, for the training phase, the rollout phase and loading."""
+    c = 2 if dtype == "bfloat16" else 4
+    P, W, T = s.params, world, tokens
+    A = c * (8 * s.H + 3 * s.kv + 5 * s.I) + 16 * s.H           # activation bytes of one block, per token
+    n = min(T, max(1, LOGIT_ELEMENTS // s.V))
+    acts = (s.L * T * s.H * c + 2 * T * A) if checkpointing else (s.L * T * A + T * A)
+    state = {
+        "sharded fp32 parameters (masters)": 4 * P / W,
+        "sharded fp32 gradients": 4 * P / W,
+        "AdamW moments (fp32)": 8 * P / W,
+    }
+    train = {
+        **state,
+        "unsharded compute copies (root + 2 blocks)": c * (s.root + 2 * s.block),
+        "unsharded root gradients (+ fp32 for reduce)":
+            s.root * (c + (4 if c != 4 else 0)) + (s.V * s.H * c if s.tied else 0),
+        "reference model (sharded)": (4 * P / W) if kl else 0.0,
+        "critic (sharded state)": sum(state.values()) if critic else 0.0,
+        f"LM-head slice ({n} tokens x {s.V})": SLICE_BYTES * n * s.V,
+        f"activations ({T} tokens, {'checkpointing' if checkpointing else 'no checkpointing'})":
+            acts + 3 * T * s.H * c,
+    }
+    engine_bytes = {"none": 0.0, "hf": P * c,
+                    "vllm": (P * c + vllm_cpu_kv_gib(s, dtype, max_context, seqs) * GB) if device == "cpu" else 0.0
+                    }[engine]
+    train["generator (" + ("asleep" if engine == "vllm" and device == "cuda" else engine) + ")"] = engine_bytes
+    train["runtime"] = runtime
+    rollout = {k: v for k, v in train.items()
+               if k.startswith(("sharded fp32 par", "AdamW", "reference", "critic", "runtime"))}
+    gen = engine_bytes if not (engine == "vllm" and device == "cuda") else gpu_util * gpu_gb * GB
+    rollout["generator (awake)"] = gen
+    kv_tokens = None
+    if engine == "vllm" and device == "cuda":
+        kv_tokens = max(0.0, gen - P * c - 0.05 * gen) / (2 * s.L * s.kv * c)  # ~5% for vLLM's activations
+    load = {"runtime": runtime, "the whole model in fp32": 4 * P}
+    return {"train": train, "rollout": rollout, "load": load, "params": P, "kv_tokens": kv_tokens}
+
+
+def peak(p: dict) -> float:
+    """A rank's planned peak in bytes: the largest of its phases."""
+    return max(sum(p[phase].values()) for phase in ("train", "rollout", "load"))
+
+
+# ------------------------------------------------------------------ what a rank can have
+
+def _cgroup_limit() -> float | None:
+    """This process's cgroup memory limit minus what the cgroup uses now, in bytes (v2 or v1); None if none."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2
+            root, limit, usage = Path("/sys/fs/cgroup") / path.lstrip("/"), "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):  # v1
+            root, limit, usage = Path("/sys/fs/cgroup/memory") / path.lstrip("/"), "memory.limit_in_bytes", \
+                "memory.usage_in_bytes"
+        else:
+            continue
+        try:
+            text = (root / limit).read_text().strip()
+            used = float((root / usage).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if text != "max" and float(text) < 2**60:
+            return float(text) - used
+    return None
+
+
+def _mem_available() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024.0
+    except OSError:
+        pass
+    return None
+
+
+def rss_bytes() -> float:
+    """This process's resident size now (0 off Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+def available(local_world: int, device: str = "cpu") -> tuple[float, str]:
+    """Bytes one rank may fill and where the figure comes from. CPU: the smaller of the cgroup's free limit
+    and MemAvailable, shared by this node's ranks (each keeps what it holds now: the plan counts it).
+    GPU: the device's memory. AGENTGYM_MEMORY_GB (the node's memory for the ranks) overrides the readings."""
+    if os.environ.get("AGENTGYM_MEMORY_GB"):
+        total, source = float(os.environ["AGENTGYM_MEMORY_GB"]) * GB, "AGENTGYM_MEMORY_GB"
+    elif device == "cuda":
+        import torch
+        return float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory), "the GPU"
+    else:
+        readings = {k: v for k, v in (("the cgroup limit", _cgroup_limit()), ("MemAvailable", _mem_available()))
+                    if v is not None}
+        if not readings:
+            return float("inf"), "no reading"
+        source = min(readings, key=readings.get)
+        total = readings[source] + local_world * rss_bytes()
+    return total / local_world, source
+
+
+# ------------------------------------------------------------------ the plan of a run
+
+def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None = None,
+              checkpointing: bool | None = None) -> dict:
+    """`plan` for a train.py Config (or anything with its fields) at this world size."""
+    s = shape(model_config(cfg.model))
+    engine = cfg.engine if cfg.engine != "auto" else _auto_engine()
+    tokens = max(micro_tokens or cfg.micro_tokens, cfg.max_context)  # one long episode fills a micro-batch alone
+    runtime = (rss_bytes() + (VLLM_IMPORTS if engine == "vllm" else 0)) if device == "cpu" else 1.0 * GB
+    gpu_gb = available(1, "cuda")[0] / GB if device == "cuda" else 80.0
+    seqs = max(1, cfg.tasks_per_step * cfg.samples_per_task // world)
+    return plan(s, world, dtype, cfg.checkpointing if checkpointing is None else checkpointing, tokens,
+                cfg.kl_coef > 0, engine, device, gpu_gb=gpu_gb, runtime=runtime, max_context=cfg.max_context,
+                seqs=seqs, critic=getattr(cfg, "algo", "") == "ppo")
+
+
+def _auto_engine() -> str:
+    from engine import vllm_available
+    return "vllm" if vllm_available() else "hf"
+
+
+FLAG_OF_ROW = (("activations", "--micro-tokens (or --checkpointing)"), ("LM-head", "--micro-tokens"),
+               ("reference", "--kl-coef 0"), ("critic", "--algo grpo"), ("generator", "--max-context or --tasks-per-step"),
+               ("whole model", "a smaller --model"), ("", "more ranks or a smaller --model"))
+
+
+def fit(cfg, world: int, local_world: int, device: str, dtype: str, mode: str = "adapt"):
+    """(cfg, info): `cfg` unchanged when its plan fits, else with a smaller
+    `micro_tokens` (checkpointing on first) when `mode` is adapt and that fits. Raises MemoryPlanError with
+    one line naming the flag to change and the figure it needs when nothing fits (or mode is stop). `info`:
+    the line to print (note), the planned peak (plan) and the bytes a rank can have (share)."""
+    budget, source = available(local_world, device)
+    ceiling = HEADROOM * budget
+    p = rank_plan(cfg, world, device, dtype)
+    need = peak(p)
+    where = f"{budget / GB:.1f} GB a rank can have ({source}, {local_world} rank{'s' if local_world > 1 else ''} here)"
+    if need <= ceiling:
+        return cfg, {"note": f"memory plan: {need / GB:.2f} GB per rank at peak, of {where}", "plan": need,
+                     "share": budget}
+    tokens, ckpt = cfg.micro_tokens, True  # checkpointing first, then halve the budget down to one episode
+    while True:
+        trial = rank_plan(cfg, world, device, dtype, micro_tokens=tokens, checkpointing=ckpt)
+        if peak(trial) <= ceiling or tokens <= cfg.max_context:
+            break
+        tokens = max(cfg.max_context, tokens // 2)
+    change = f"--micro-tokens {tokens}{'' if cfg.checkpointing else ' --checkpointing'}"
+    if peak(trial) <= ceiling:
+        if mode == "adapt":
+            return replace(cfg, micro_tokens=tokens, checkpointing=True), {
+                "note": f"memory plan: {need / GB:.1f} GB per rank would not fit the {where}; training with "
+                        f"{change} instead (plan {peak(trial) / GB:.2f} GB)", "plan": peak(trial), "share": budget}
+        raise MemoryPlanError(f"memory plan: a rank needs {need / GB:.1f} GB but has {where}; run with {change} "
+                              f"(plan {peak(trial) / GB:.2f} GB, under {ceiling / GB:.1f} GB)")
+    phase = max(("train", "rollout", "load"), key=lambda k: sum(trial[k].values()))
+    row, size = max(trial[phase].items(), key=lambda kv: kv[1])
+    flag = next(f for key, f in FLAG_OF_ROW if key in row)
+    raise MemoryPlanError(f"memory plan: even with {change} a rank needs {peak(trial) / GB:.1f} GB (largest row: "
+                          f"{row} {size / GB:.1f} GB, {phase}) but has {where}; change {flag} so that it needs "
+                          f"under {ceiling / GB:.1f} GB, or set AGENTGYM_MEMORY_GB if the reading is wrong")
+
+
+def check_run(cfg, world: int, device: str, dtype: str):
+    """train.py's use of `fit` under `cfg.memory_check`: (cfg, info, problem), problem a one-line error.
+    The node's rank count comes from torchrun (LOCAL_WORLD_SIZE)."""
+    if cfg.memory_check == "off":
+        return cfg, {}, None
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    try:
+        new, info = fit(cfg, world, local, device, dtype, cfg.memory_check)
+    except MemoryPlanError as exc:
+        return cfg, {}, str(exc)
+    return new, info, None
+
+
+def check_generation(model: str, engine: str, device: str, dtype: str, max_context: int, seqs: int) -> str | None:
+    """evaluate.py's plan: a rank holds only the generator (weights, and vLLM's KV cache for `seqs`
+    sequences of `max_context` tokens on CPU). None when it fits, else the one-line error."""
+    if device == "cuda":  # vLLM takes its share of the GPU (gpu_memory_utilization) and sizes the cache itself
+        return None
+    s = shape(model_config(model))
+    engine = engine if engine != "auto" else _auto_engine()
+    c = 2 if dtype == "bfloat16" else 4
+    kv = vllm_cpu_kv_gib(s, dtype, max_context, seqs) * GB if engine == "vllm" else 0.0
+    need = rss_bytes() + (VLLM_IMPORTS if engine == "vllm" else 0) + max(4 * s.params, s.params * c + kv)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    budget, source = available(local, device)
+    if need <= HEADROOM * budget:
+        return None
+    return (f"memory plan: a rank needs {need / GB:.1f} GB to generate ({kv / GB:.0f} GB of it KV cache for {seqs} "
+            f"sequences of {max_context} tokens) but has {budget / GB:.1f} GB ({source}, {local} ranks here); "
+            f"lower --chunk or --max-context, or use fewer ranks")

@@ -1,0 +1,124 @@
+"""The memory plan and the settings that follow the model: a run that would not fit is adapted or refused
+before any model loads, a pretrained model never gets the tiny model's settings, and a rank killed
+mid-run is named, with its signal and memory, by the launcher and by the ranks that survive it.
+
+The available memory is faked with AGENTGYM_MEMORY_GB (the node's memory for its ranks).
+"""
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import config
+import lifeline
+import memplan
+
+ROOT = Path(__file__).resolve().parent.parent
+GB = memplan.GB
+
+
+@pytest.fixture
+def memory(monkeypatch):
+    def limit(gb):
+        monkeypatch.setenv("AGENTGYM_MEMORY_GB", str(gb))
+    return limit
+
+
+def smollm2_with_tiny_settings():
+    """The cpu preset's settings (16,384-token micro-batches, no checkpointing, a reference model) on SmolLM2:
+    what `--model smollm2` ran with before the model chose its preset (a rank grew to 13 GB)."""
+    return dataclasses.replace(config.cpu("babyai"), model="smollm2", preset="smollm2", engine="hf")
+
+
+def test_plan_adapts_an_oversized_micro_batch_and_says_so(memory):
+    memory(16)  # 8 GB a rank
+    cfg = smollm2_with_tiny_settings()
+    before = memplan.peak(memplan.rank_plan(cfg, 2, "cpu", "float32"))
+    assert before > 0.9 * 8 * GB  # the plan sees that these settings do not fit
+    new, info = memplan.fit(cfg, 2, 2, "cpu", "float32")
+    assert new.checkpointing and new.micro_tokens <= cfg.micro_tokens
+    after = memplan.peak(memplan.rank_plan(new, 2, "cpu", "float32"))
+    assert after <= 0.9 * 8 * GB and info["plan"] == after and info["share"] == 8 * GB
+    assert f"--micro-tokens {new.micro_tokens}" in info["note"] and "--checkpointing" in info["note"]
+
+
+def test_plan_stops_with_the_flag_and_the_figure(memory):
+    memory(16)
+    cfg = smollm2_with_tiny_settings()
+    with pytest.raises(memplan.MemoryPlanError) as stop:  # the same adaptation, refused under --memory-check stop
+        memplan.fit(cfg, 2, 2, "cpu", "float32", mode="stop")
+    assert "--micro-tokens" in str(stop.value) and "GB" in str(stop.value) and "\n" not in str(stop.value)
+    memory(1)  # 0.5 GB a rank: nothing fits, even one episode per micro-batch with checkpointing
+    with pytest.raises(memplan.MemoryPlanError) as none:
+        memplan.fit(cfg, 2, 2, "cpu", "float32")
+    assert "even with --micro-tokens 2048 --checkpointing" in str(none.value) and "under 0.5 GB" in str(none.value)
+
+
+def test_a_plan_that_fits_is_left_alone(memory):
+    memory(1000)
+    cfg = config.parse(["--model", "smollm2", "--env", "babyai"])
+    new, info = memplan.fit(cfg, 2, 2, "cpu", "bfloat16")
+    assert new == cfg and info["note"].startswith("memory plan: ")
+
+
+def test_plan_grows_with_what_it_should():
+    s = memplan.shape(memplan.model_config("smollm2"))
+    base = dict(world=2, dtype="float32", checkpointing=False, tokens=2048, kl=False, engine="hf", device="cpu")
+    total = lambda **kw: memplan.peak(memplan.plan(s, **{**base, **kw}))  # noqa: E731
+    assert total(tokens=4096) > total()                       # activations scale with the micro-batch
+    assert total(checkpointing=True) < total()                # checkpointing keeps one block's activations
+    assert total(kl=True) > total() and total(critic=True) > total()
+    assert total(dtype="bfloat16") < total()
+    assert total(world=4) < total()                           # sharded state shrinks with ranks
+
+
+def test_train_refuses_before_start_up_when_nothing_fits(tmp_path):
+    env = {**os.environ, "AGENTGYM_MEMORY_GB": "0.5"}
+    res = subprocess.run([sys.executable, "train.py", "--model", "smollm2", "--env", "babyai", "--engine", "hf",
+                          "--out", str(tmp_path / "run")], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: memory plan:") and "AGENTGYM_MEMORY_GB" in lines[0]
+    assert not (tmp_path / "run" / "config.json").exists()  # stopped before start-up
+
+
+def test_settings_follow_the_model(tmp_path):
+    cfg = config.parse(["--model", "smollm2", "--env", "babyai"])
+    assert cfg.preset == "smollm2" and cfg.lr == config.smollm2().lr and cfg.micro_tokens == 2048
+    assert config.parse([]).preset == "cpu" and config.parse([]).lr == 1e-3
+    no_expert = config.parse(["--model", "smollm2", "--env", "textcraft"])  # an env without an expert: RL alone
+    assert no_expert.bc_episodes == 0 and config.check(no_expert, 2) is None
+    refused = config.check(config.parse(["--model", "smollm2", "--preset", "cpu"]), 1)
+    assert "--preset smollm2" in refused and "tiny" in refused
+    other = tmp_path / "model"
+    other.mkdir()
+    (other / "config.json").write_text('{"model_type": "llama"}')
+    problem = config.check(config.parse(["--model", str(other)]), 1)
+    assert problem and "--preset smollm2" in problem and "--preset paper" in problem
+
+
+def test_a_killed_rank_is_named_with_its_signal_and_memory(tmp_path):
+    """TRAIN_FAULT SIGKILLs rank 1 in its first update, as the OOM killer would; the launcher's last line
+    and rank 0's output name it."""
+    env = {**os.environ, "TRAIN_FAULT": "update:1:1"}
+    cmd = [sys.executable, "lifeline.py", "--standalone", "--nproc_per_node", "2", "train.py", "--engine", "hf",
+           "--steps", "2", "--horizon", "2", "--tasks-per-step", "2", "--samples-per-task", "2", "--max-tokens", "6",
+           "--out", str(tmp_path / "run")]
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: rank 1 (pid ") and "SIGKILL" in last and "GB resident" in last, last
+    assert "[rank 0] error: rank 1 (pid " in res.stderr  # the survivor said it too, before torchrun's wall
+
+
+def test_cause_reads_like_a_diagnosis():
+    record = {"rank": 3, "pid": 2**22 + 7, "rss": 13.3 * GB, "peak": 13.4 * GB, "plan": 5.2 * GB, "share": 11.0 * GB}
+    line = lifeline.cause(record, 9)
+    assert line.startswith("error: rank 3 (pid ") and "SIGKILL" in line and "13.3 GB resident" in line
+    assert "planned peak 5.2 GB" in line and "likely out of memory" in line
+    assert "names the signal" in lifeline.cause({**record, "peak": 1 * GB}, None)
+    assert "own output" in lifeline.cause({**record, "peak": 1 * GB}, 6)  # SIGABRT: the rank's own crash
