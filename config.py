@@ -91,8 +91,8 @@ class Config:
                             "lower blocks frozen; cheaper backward); 0: every parameter", 0)
     seed: int = doc("base seed; ranks, tasks and samples derive theirs from it", 0)
     out: str = doc("run directory (config, metrics.jsonl, plots, checkpoints)", "runs/{env}-{algo}")
-    eval_every: int = doc("every N steps (and at the end), one sampled episode per test task at the final turn budget; 0: never", 0)
-    eval_tasks: int = doc("test tasks per in-training evaluation (the first ones of the split), shared over ranks", 16)
+    eval_every: int = doc("every N steps (and at the end), one sampled episode per validation task at the final turn budget; 0: never", 0)
+    eval_tasks: int = doc("validation tasks per in-training evaluation (the first ones of the val split), shared over ranks", 16)
     save_every: int = doc("checkpoint every N steps (and at the end); 0: only at the end", 0)
     keep: int = doc("checkpoints kept on disk", 2)
     checkpoint_format: str = doc("full (rank 0 gathers model and optimizer into single files), sharded (each rank "

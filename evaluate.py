@@ -71,7 +71,8 @@ class EvalConfig:
     env_options: str = doc("JSON object of extra keyword options for the environment constructor", "{}")
     model: str = doc("'tiny', an HF model name or directory, a checkpoint's policy/ directory, or a run "
                      "directory / checkpoints root whose `latest` file names a checkpoint", "tiny")
-    split: str = doc("task split to evaluate: test, train (or dev where the env has one)", "test")
+    split: str = doc("task split to evaluate: test (final tables only), val (validation: every choice of recipe) "
+                     "or train", "test")
     tasks: str = doc("comma list of task ids of --split to evaluate instead of the whole split", "")
     tasks_file: str = doc("evaluate exactly these tasks (any split): an AgentGym-RL-Data-ID style JSON list "
                           "([{\"item_id\": \"sciworld_17\"}, ...]) mapped as envs/agentgym.py says", "")
@@ -365,6 +366,7 @@ def main(argv=None):
     import torch.distributed as dist
 
     from distributed import setup_distributed
+    from runlog import note_provenance
     from train import print0
 
     d = derive(cfg)
@@ -374,6 +376,7 @@ def main(argv=None):
     if rank == 0:
         d.out.mkdir(parents=True, exist_ok=True)
         (d.out / "config.json").write_text(json.dumps(identity(cfg, d), indent=2))
+        note_provenance(d.out)  # the commit and machine of this (part of the) evaluation, for results/
         print0("config: " + json.dumps(dataclasses.asdict(cfg)))
         if cfg.greedy and cfg.k > 1:
             print(f"warning: --greedy makes all {cfg.k} samples of a task identical; Pass@k will equal Pass@1", file=sys.stderr)

