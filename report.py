@@ -1,12 +1,22 @@
 """The numbers and pictures of an evaluation: unbiased Pass@k, per-subtask rows, the markdown table,
-and the sample-scaling / interaction-scaling plots (the AgentGym-RL paper's Figures 9 and 8).
+and the sample-scaling / interaction-scaling plots (the AgentGym-RL paper's Figures 9 and 8); the
+uncertainty of a success rate over tasks and the paired task-level bootstrap of two models on the
+same tasks; result folders (results/<name>/) and the tables regenerated from their files alone.
+
+    python report.py --publish runs/babyai-smollm2 results/babyai-smollm2 untrained=runs/.../eval-untrained ...
+    python report.py results/babyai-smollm2          # every table of that folder, from its files only
 
 Pure functions of episode records, dicts with task_id, subtask, budget, reward, success, turns, end;
-evaluate.py produces them and calls these. Tests: python -m pytest tests/test_evaluate.py
+evaluate.py produces them and calls these. docs/evaluation.md says why the intervals are paired and
+over tasks. Tests: python -m pytest tests/test_evaluate.py tests/test_report.py
 """
 from __future__ import annotations
 
+import json
 import math
+import re
+import shutil
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -143,11 +153,297 @@ def compare(runs: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    import json
-    import sys
+# ------------------------------------------------------------------ uncertainty over tasks (float64)
+# The k samples of one task are correlated (a task the model can do it mostly does), so the unit of
+# resampling is the task: a success rate is the mean of per-task means, and its uncertainty comes from
+# how those means vary between tasks. Treating the T x k episodes as independent coin flips (the naive
+# binomial SE) understates it whenever successes cluster in a few tasks (Pass@k far above Pass@1).
 
-    if len(sys.argv) < 2 or any("=" not in a for a in sys.argv[1:]):
-        raise SystemExit("usage: python report.py LABEL=EVAL_DIR [LABEL=EVAL_DIR ...]  (evaluate.py output directories)")
-    pairs_ = [a.split("=", 1) for a in sys.argv[1:]]
-    print(compare([(label, json.loads((Path(d) / "results.json").read_text())) for label, d in pairs_]))
+def as_f64(values):
+    """A 1-D float64 numpy array from a list, a numpy array or a torch tensor of any float dtype (bf16 too)."""
+    import numpy as np
+
+    if hasattr(values, "detach"):  # torch: numpy has no bfloat16, so convert on the torch side first
+        import torch
+        values = values.detach().to(device="cpu", dtype=torch.float64).numpy()
+    out = np.asarray(values, dtype=np.float64)
+    if out.ndim != 1:
+        raise ValueError(f"expected one value per task (1-D), got shape {out.shape}")
+    return out
+
+
+def task_means(records: list[dict], key: str = "success") -> dict:
+    """{task_id: mean of `key` over the task's samples} for records of one turn budget."""
+    by_task = defaultdict(list)
+    for r in records:
+        by_task[r["task_id"]].append(float(r[key]))
+    return {t: sum(v) / len(v) for t, v in sorted(by_task.items())}
+
+
+def clustered_se(per_task) -> float:
+    """Task-clustered standard error of a rate that is the mean of T per-task means:
+    sqrt(sum_t (p_t - p)^2 / (T (T - 1))); 0 for a single task."""
+    p = as_f64(per_task)
+    return float(p.std(ddof=1) / math.sqrt(len(p))) if len(p) > 1 else 0.0
+
+
+def naive_se(rate: float, episodes: int) -> float:
+    """The binomial SE sqrt(p (1 - p) / n) that treats all n episodes as independent (for comparison)."""
+    return math.sqrt(rate * (1 - rate) / episodes)
+
+
+def paired_bootstrap(before, after, resamples: int = 10_000, seed: int = 0, level: float = 0.95) -> dict:
+    """Paired difference `after - before` of two models' per-task means on the same tasks (same order),
+    with a percentile bootstrap interval: draw T tasks with replacement `resamples` times, each task
+    bringing both models' means over all its samples (the samples stay together), and take the
+    (1-level)/2 and (1+level)/2 quantiles of the resampled mean differences. Fixed seed: the same
+    inputs give the same interval. Returns diff, lo, hi and se (the SD of the resampled differences)."""
+    import numpy as np
+
+    a, b = as_f64(before), as_f64(after)
+    if a.shape != b.shape or not len(a):
+        raise ValueError(f"need the same non-empty task list for both models, got {len(a)} and {len(b)} tasks")
+    d = b - a                                                    # (T,)
+    rng = np.random.default_rng(seed)
+    reps = np.empty(resamples, dtype=np.float64)                 # (R,)
+    block = max(1, 2_000_000 // len(d))                          # resamples per draw: at most 2M indices in memory
+    for i in range(0, resamples, block):
+        n = min(block, resamples - i)
+        reps[i:i + n] = d[rng.integers(0, len(d), size=(n, len(d)))].mean(axis=1)
+    lo, hi = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2])
+    return {"diff": float(d.mean()), "lo": float(lo), "hi": float(hi), "se": float(reps.std(ddof=1)),
+            "tasks": len(d)}
+
+
+def paired(runs: list[tuple[str, list[dict]]], resamples: int = 10_000, seed: int = 0) -> list[dict]:
+    """For each pair of evaluations (in the given order) and each turn budget both played on exactly
+    the same tasks: the paired bootstrap of success and of Avg reward (later minus earlier). Pairs on
+    different task sets are listed with `skipped` and no numbers."""
+    out = []
+    for i, (label_a, recs_a) in enumerate(runs):
+        for label_b, recs_b in runs[i + 1:]:
+            budgets = sorted({r["budget"] for r in recs_a} & {r["budget"] for r in recs_b})
+            for budget in budgets:
+                row = {"before": label_a, "after": label_b, "budget": budget}
+                ra = [r for r in recs_a if r["budget"] == budget]
+                rb = [r for r in recs_b if r["budget"] == budget]
+                sa, sb = task_means(ra), task_means(rb)
+                if list(sa) != list(sb):
+                    row["skipped"] = f"not the same tasks ({len(sa)} and {len(sb)}, {len(set(sa) & set(sb))} shared)"
+                else:
+                    row["success"] = paired_bootstrap(list(sa.values()), list(sb.values()), resamples, seed)
+                    row["reward"] = paired_bootstrap(list(task_means(ra, "reward").values()),
+                                                     list(task_means(rb, "reward").values()), resamples, seed)
+                out.append(row)
+    return out
+
+
+# ------------------------------------------------------------------ result folders: results/<name>/
+# Everything a table needs, small enough to commit (no weights): the run's config, metrics.jsonl and
+# in-training validation outcomes, each evaluation's settings and per-task outcomes, a few trimmed
+# transcripts, and the commits that produced them. `render` rebuilds every table from these files only.
+
+RUN_FILES = ("config.json", "metrics.jsonl", "evals.jsonl", "provenance.jsonl")
+OUTCOME_KEYS = ("task_id", "subtask", "sample", "budget", "reward", "success", "turns", "end")
+SIZE_LIMIT = 2_000_000  # bytes: a result folder is evidence, not an archive
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-").lower() or "eval"
+
+
+def trim(messages: list[dict], chars: int = 1500, head: int = 3, tail: int = 12) -> list[dict]:
+    """A transcript cut for committing: each message at most `chars` characters, and of a long episode
+    the first `head` and last `tail` messages with a note of how many were left out between them."""
+    cut = [{**m, "content": m["content"][:chars] + (f" [... {len(m['content']) - chars} characters cut]"
+                                                     if len(m["content"]) > chars else "")} for m in messages]
+    if len(cut) > head + tail:
+        cut = cut[:head] + [{"role": "note", "content": f"[{len(cut) - head - tail} messages cut]"}] + cut[-tail:]
+    return cut
+
+
+def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], keep: int = 3,
+            limit: int = SIZE_LIMIT) -> str:
+    """Copy the evidence of a run and its evaluations into `dest` (see above) and write tables.md;
+    returns the tables. Refuses a `dest` that holds files; removes what it wrote when the folder ends
+    up over `limit` bytes, and says which files are the largest."""
+    from evaluate import load_transcripts
+    from runlog import provenance
+
+    if dest.exists() and any(dest.iterdir()):
+        raise SystemExit(f"error: {dest} holds files already; remove it or choose another name")
+    if run_dir is not None and not (run_dir / "config.json").exists():
+        raise SystemExit(f"error: {run_dir} has no config.json: not a train.py output directory")
+    for label, src in evals:
+        if not (src / "results.json").exists():
+            raise SystemExit(f"error: {src} has no results.json: not a finished evaluate.py output ({label})")
+    dest.mkdir(parents=True, exist_ok=True)
+    manifest = {"run": str(run_dir) if run_dir else None, "evals": [], "published": provenance()}
+    if run_dir is not None:
+        (dest / "run").mkdir()
+        for name in RUN_FILES:
+            if (run_dir / name).exists():
+                shutil.copyfile(run_dir / name, dest / "run" / name)
+    for label, src in evals:
+        folder = dest / "evals" / _slug(label)
+        if folder.exists():
+            raise SystemExit(f"error: two evaluations are named {_slug(label)!r}; give them different labels")
+        folder.mkdir(parents=True)
+        result = json.loads((src / "results.json").read_text())
+        settings = {**result["config"], "model": result["model"], "max_tokens": result["max_tokens"],
+                    "temperature": result["temperature"], "reward_scale": result["reward_scale"]}
+        (folder / "config.json").write_text(json.dumps(settings, indent=2) + "\n")
+        records = sorted(load_transcripts(src / "transcripts.jsonl", result["config"]["k"])[0],
+                         key=lambda r: (r["budget"], r["task_id"], r["sample"]))
+        (folder / "outcomes.jsonl").write_text("".join(json.dumps({k: r[k] for k in OUTCOME_KEYS}) + "\n"
+                                                       for r in records))
+        wins = [r for r in records if r["success"]]
+        shown = (wins[:1] + [r for r in records if not r["success"]] + wins[1:])[:keep]  # a success, then failures
+        (folder / "transcripts.jsonl").write_text("".join(
+            json.dumps({**{k: r[k] for k in OUTCOME_KEYS}, "error": r.get("error", "")[:300],
+                        "messages": trim(r["messages"])}) + "\n" for r in shown))
+        if (src / "provenance.jsonl").exists():
+            shutil.copyfile(src / "provenance.jsonl", folder / "provenance.jsonl")
+        manifest["evals"].append({"label": label, "dir": f"evals/{_slug(label)}", "source": str(src)})
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    md = render(dest)
+    (dest / "tables.md").write_text(md)
+    files = sorted((p.stat().st_size, str(p.relative_to(dest))) for p in dest.rglob("*") if p.is_file())
+    if sum(size for size, _ in files) > limit:
+        shutil.rmtree(dest)
+        biggest = ", ".join(f"{name} {size / 1e6:.2f} MB" for size, name in files[::-1][:3])
+        raise SystemExit(f"error: the result folder would hold {sum(s for s, _ in files) / 1e6:.2f} MB, over the "
+                         f"{limit / 1e6:.1f} MB limit (largest: {biggest}); nothing was kept")
+    return md
+
+
+def _commit(rows: list[dict]) -> str:
+    if not rows:
+        return "not recorded"
+    seen = list(dict.fromkeys(f"{r['commit'] or 'unknown'}{' (uncommitted changes)' if r['dirty'] else ''}"
+                              for r in rows))
+    return ", then ".join(seen) + f"; CPU {rows[-1]['cpu']}"
+
+
+def render(dest: Path, resamples: int = 10_000, seed: int = 0) -> str:
+    """The markdown tables of a result folder, computed from its files only."""
+    manifest = json.loads((dest / "manifest.json").read_text())
+    runs = [(e["label"], _jsonl(dest / e["dir"] / "outcomes.jsonl")) for e in manifest["evals"]]
+    settings = {e["label"]: json.loads((dest / e["dir"] / "config.json").read_text()) for e in manifest["evals"]}
+    lines = [f"# {dest.name}", "", f"Generated by `python report.py results/{dest.name}` from that folder's files.", ""]
+    if (dest / "run").exists():
+        cfg = json.loads((dest / "run" / "config.json").read_text())
+        lines += [f"Training run: env `{cfg['env']}`, model `{cfg['model']}`, {cfg['algo']}, {cfg['steps']} steps; "
+                  f"commit {_commit(_jsonl(dest / 'run' / 'provenance.jsonl'))}.", ""]
+    if runs:
+        lines += ["## Evaluations", ""]
+        decoding = ("split", "k", "temperature", "top_p", "max_tokens", "max_context", "prompt_style", "env_options")
+        for e in manifest["evals"]:
+            s = settings[e["label"]]
+            lines.append(f"- {e['label']}: model `{s['model']}`, " + ", ".join(f"{k} {s.get(k)}" for k in decoding)
+                         + f"; commit {_commit(_jsonl(dest / e['dir'] / 'provenance.jsonl'))}")
+        differ = [k for k in decoding[1:] if len({json.dumps(settings[label].get(k)) for label, _ in runs}) > 1]
+        if differ:
+            lines.append(f"- NOTE: the evaluations differ in {', '.join(differ)}: not the same decoding")
+        ks = sorted({j for _, recs in runs for j in k_values(min(len(g) for g in pairs(recs).values()))})
+        head = ["evaluation", "turns", "tasks", "episodes", "success %", "SE (tasks)", "SE (naive)", "Avg reward",
+                *[f"Pass@{j} %" for j in ks]]
+        lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for label, recs in runs:
+            for budget in sorted({r["budget"] for r in recs}):
+                rs = [r for r in recs if r["budget"] == budget]
+                kmin = min(len(g) for g in pairs(rs).values())
+                row = stats(rs, [j for j in ks if j <= kmin])
+                se = clustered_se(list(task_means(rs).values()))
+                cells = [label, budget, row["tasks"], row["episodes"], f"{100 * row['success']:.1f}",
+                         f"{100 * se:.1f}", f"{100 * naive_se(row['success'], row['episodes']):.1f}",
+                         f"{row['avg_reward']:.3f}",
+                         *[f"{100 * row[f'pass@{j}']:.1f}" if f"pass@{j}" in row else "" for j in ks]]
+                lines.append("| " + " | ".join(map(str, cells)) + " |")
+        lines += paired_table(runs, resamples, seed)
+    lines += validation_curve(dest / "run")
+    return "\n".join(lines) + "\n"
+
+
+def validation_curve(run: Path) -> list[str]:
+    """The in-training evaluations, recomputed from evals.jsonl, each checked against metrics.jsonl."""
+    rows = _jsonl(run / "evals.jsonl")
+    if not rows:
+        return []
+    metrics = {}
+    for m in _jsonl(run / "metrics.jsonl"):  # a resumed run appends: the last row of a step wins
+        metrics[m["step"]] = m
+    points = defaultdict(dict)
+    for r in rows:  # the last outcome of a task at an evaluation point wins (a resumed run re-evaluates)
+        points[(r["step"], r["eval"])][r["task_id"]] = r
+    lines = ["", "## Validation curve (in-training evaluation on the validation split, run/evals.jsonl)", "",
+             "| steps trained | tasks | success % | SE (tasks) | Avg reward | equals metrics.jsonl |",
+             "|---|---|---|---|---|---|"]
+    trained = lambda key: key[0] + (key[1] != "eval_start")  # noqa: E731  eval_start: before step's update
+    for (step, name), by_task in sorted(points.items(), key=lambda kv: trained(kv[0])):
+        ok = [float(r["success"]) for r in by_task.values()]
+        success, reward = sum(ok) / len(ok), sum(r["reward"] for r in by_task.values()) / len(ok)
+        logged = metrics.get(step, {}).get(f"{name}/success")
+        same = "no row" if logged is None else "yes" if abs(logged - success) < 1e-5 else f"NO ({100 * logged:.1f})"
+        lines.append(f"| {trained((step, name))} | {len(ok)} | {100 * success:.1f} | {100 * clustered_se(ok):.1f} "
+                     f"| {reward:.3f} | {same} |")
+    return lines
+
+
+def paired_table(runs: list[tuple[str, list[dict]]], resamples: int = 10_000, seed: int = 0) -> list[str]:
+    """`paired` as markdown lines (none when there is only one evaluation)."""
+    diffs = paired(runs, resamples, seed)
+    if not diffs:
+        return []
+    lines = ["", f"## Paired differences (later minus earlier, same tasks; task-level bootstrap 95% interval, "
+             f"{resamples:,} resamples, seed {seed})", "",
+             "| turns | after | before | tasks | success, points [95% interval] | Avg reward [95% interval] |",
+             "|---|---|---|---|---|---|"]
+    for d in diffs:
+        if "skipped" in d:
+            lines.append(f"| {d['budget']} | {d['after']} | {d['before']} | | {d['skipped']} | |")
+            continue
+        s, r = d["success"], d["reward"]
+        lines.append(f"| {d['budget']} | {d['after']} | {d['before']} | {s['tasks']} | {100 * s['diff']:+.1f} "
+                     f"[{100 * s['lo']:+.1f}, {100 * s['hi']:+.1f}] "
+                     f"| {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] |")
+    return lines
+
+
+USAGE = """usage:
+  python report.py results/NAME                      the tables of a result folder, from its files only
+  python report.py --publish RUN_DIR results/NAME [LABEL=EVAL_DIR ...]
+                                                     make a result folder (RUN_DIR: train.py's --out, or -)
+  python report.py LABEL=EVAL_DIR [LABEL=EVAL_DIR ...]   before/after table of evaluate.py outputs"""
+
+
+def main(args: list[str]) -> None:
+    if any(a in ("-h", "--help") for a in args) or not args:
+        raise SystemExit(USAGE)
+    if args[0] == "--publish":
+        if len(args) < 3 or any("=" not in a for a in args[3:]):
+            raise SystemExit(USAGE)
+        evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in args[3:])]
+        print(publish(None if args[1] == "-" else Path(args[1]), Path(args[2]), evals), end="")
+    elif len(args) == 1 and "=" not in args[0]:
+        if not (Path(args[0]) / "manifest.json").exists():
+            raise SystemExit(f"error: {args[0]} has no manifest.json: not a result folder (make one with --publish)")
+        print(render(Path(args[0])), end="")
+    elif all("=" in a for a in args):
+        from evaluate import load_transcripts
+
+        dirs = [(label, Path(d)) for label, d in (a.split("=", 1) for a in args)]
+        results = [(label, json.loads((d / "results.json").read_text())) for label, d in dirs]
+        records = [(label, load_transcripts(d / "transcripts.jsonl", r["config"]["k"])[0])
+                   for (label, d), (_, r) in zip(dirs, results)]
+        print("\n".join([compare(results), *paired_table(records)]))
+    else:
+        raise SystemExit(USAGE)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

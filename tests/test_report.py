@@ -1,0 +1,183 @@
+"""Tests of report.py's evidence: the task-clustered SE and the paired task-level bootstrap against
+hand values, a fixed-seed snapshot and a brute-force enumeration of every resample of a small case
+(float64 whatever the input dtype); then a real train.py run (validation curve in evals.jsonl) and two
+real evaluate.py runs, published into a result folder whose tables regenerate from its files alone."""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import evaluate as E
+import report as R
+from tests.test_evaluate import FAST, rec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------------ pure functions
+
+def test_clustered_and_naive_se_by_hand():
+    # per-task means 1, 0, .5, .5: mean .5, sample variance (.25 + .25) / 3 = 1/6, SE sqrt(1/6 / 4)
+    assert R.clustered_se([1, 0, 0.5, 0.5]) == pytest.approx(math.sqrt(1 / 24), abs=1e-15)
+    assert R.clustered_se([0.7]) == 0.0 and R.clustered_se([0.25, 0.25, 0.25]) == 0.0
+    assert R.naive_se(0.5, 16) == pytest.approx(0.125)
+    # successes clustered in one task of four (4 samples each): the naive SE is half the clustered one
+    per_task = [1.0, 0.0, 0.0, 0.0]
+    assert R.clustered_se(per_task) == pytest.approx(0.25) and R.naive_se(0.25, 16) == pytest.approx(math.sqrt(3) / 16)
+
+
+BEFORE, AFTER = [0, 0, 1, 0.5, 0], [1, 0, 1, 1, 0.5]
+
+
+def test_paired_bootstrap_fixed_seed_snapshot():
+    r = R.paired_bootstrap(BEFORE, AFTER)  # 10,000 resamples, seed 0
+    assert r["diff"] == pytest.approx(0.4, abs=1e-15) and r["tasks"] == 5
+    assert (r["lo"], r["hi"]) == (pytest.approx(0.1, abs=1e-12), pytest.approx(0.7, abs=1e-12))
+    assert r["se"] == pytest.approx(0.167390977874996, abs=1e-12)
+    assert R.paired_bootstrap(BEFORE, AFTER) == r  # seeded: the same numbers every time
+    assert R.paired_bootstrap(BEFORE, AFTER, seed=1) != r
+    same = R.paired_bootstrap(AFTER, AFTER)
+    assert same["diff"] == same["lo"] == same["hi"] == same["se"] == 0.0
+    with pytest.raises(ValueError):
+        R.paired_bootstrap([0, 1], [0, 1, 1])
+
+
+def test_paired_bootstrap_matches_brute_force_enumeration():
+    """Every one of the 4^4 equally likely resamples of 4 tasks, enumerated: the Monte Carlo interval
+    falls on the exact distribution's quantiles and its SD on the exact bootstrap SD."""
+    d = np.array([0.5, -0.25, 1.0, 0.0])
+    exact = np.sort([d[list(idx)].mean() for idx in itertools.product(range(4), repeat=4)])
+    assert exact.std() == pytest.approx(math.sqrt(((d - d.mean()) ** 2).mean() / 4))  # textbook: sigma^2 / T
+    r = R.paired_bootstrap(np.zeros(4), d, resamples=40_000, seed=3)
+    assert r["diff"] == pytest.approx(d.mean())
+    assert r["se"] == pytest.approx(exact.std(), rel=0.02)
+    assert np.quantile(exact, 0.015) <= r["lo"] <= np.quantile(exact, 0.035)
+    assert np.quantile(exact, 0.965) <= r["hi"] <= np.quantile(exact, 0.985)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_inputs_give_float64_results(dtype):
+    exact = R.paired_bootstrap(BEFORE, AFTER)  # halves are exact in every float format
+    assert R.paired_bootstrap(torch.tensor(BEFORE, dtype=dtype), torch.tensor(AFTER, dtype=dtype)) == exact
+    thirds = torch.tensor([1 / 3, 2 / 3, 0.0, 1.0], dtype=dtype)  # not exact: the same values widened to float64
+    widened = thirds.double().tolist()
+    assert R.clustered_se(thirds) == R.clustered_se(widened) and isinstance(R.clustered_se(thirds), float)
+    assert R.paired_bootstrap(torch.zeros(4, dtype=dtype), thirds) == R.paired_bootstrap([0.0] * 4, widened)
+    assert R.as_f64(thirds).dtype == np.float64
+
+
+def test_paired_evaluations_on_the_same_tasks_only():
+    a = [rec(t, "x", i, 10, float(s), s) for t, wins in ((1, 2), (2, 0), (3, 1)) for i, s in enumerate([True] * wins + [False] * (2 - wins))]
+    b = [rec(t, "x", i, 10, float(s), s) for t, wins in ((1, 2), (2, 1), (3, 2)) for i, s in enumerate([True] * wins + [False] * (2 - wins))]
+    c = [rec(t, "x", 0, 10, 1.0, True) for t in (1, 2)]
+    rows = R.paired([("a", a), ("b", b), ("c", c)], resamples=2000)
+    assert [(r["before"], r["after"]) for r in rows] == [("a", "b"), ("a", "c"), ("b", "c")]
+    ab = rows[0]["success"]
+    # per-task differences 0, .5, .5: the mean equals the difference of the two success rates
+    assert ab["diff"] == pytest.approx(R.stats(b, [1])["success"] - R.stats(a, [1])["success"]) == pytest.approx(1 / 3)
+    assert ab["lo"] == pytest.approx(0.0) and ab["hi"] == pytest.approx(0.5)  # the extremes of 3-task resamples
+    assert rows[0]["reward"]["diff"] == pytest.approx(1 / 3)
+    assert "not the same tasks" in rows[1]["skipped"] and "success" not in rows[1]
+    lines = R.paired_table([("a", a), ("b", b)], resamples=2000)
+    assert "| 10 | b | a | 3 | +33.3 [+0.0, +50.0] | +0.333 [+0.000, +0.500] |" in lines
+
+
+def test_trim_keeps_head_and_tail():
+    msgs = [{"role": "user", "content": "x" * 2000}] + [{"role": "assistant", "content": str(i)} for i in range(30)]
+    cut = R.trim(msgs, chars=100, head=3, tail=5)
+    assert len(cut) == 9 and cut[3] == {"role": "note", "content": "[23 messages cut]"}
+    assert cut[0]["content"].startswith("x" * 100) and "1900 characters cut" in cut[0]["content"]
+    assert [m["content"] for m in cut[-5:]] == [str(i) for i in range(25, 30)]
+
+
+# ------------------------------------------------------------------ real runs, published
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """Two GRPO steps of the tiny model on the toy env, evaluated on 4 validation tasks before RL and
+    after each step (2 ranks, so the outcomes are gathered from both)."""
+    out = tmp_path_factory.mktemp("run")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
+           "--env", "tests.toy:Digits", "--steps", "2", "--horizon", "1", "--tasks-per-step", "2",
+           "--samples-per-task", "2", "--max-tokens", "4", "--eval-every", "1", "--eval-tasks", "4", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "held-out validation success before RL" in proc.stdout
+    return out
+
+
+def test_train_writes_the_validation_outcomes(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines()]
+    metrics = {m["step"]: m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    points = [(0, "eval_start"), (0, "eval"), (1, "eval")]
+    assert [(r["step"], r["eval"]) for r in rows] == [p for p in points for _ in range(4)]
+    assert {r["task_id"] for r in rows} == {80, 81, 82, 83}  # Digits' validation split, not its test (64..79)
+    for step, name in points:
+        mine = [r for r in rows if (r["step"], r["eval"]) == (step, name)]
+        assert sum(r["success"] for r in mine) / 4 == pytest.approx(metrics[step][f"{name}/success"], abs=1e-6)
+        assert sum(r["reward"] for r in mine) / 4 == pytest.approx(metrics[step][f"{name}/reward"], abs=1e-5)
+        assert all(r["turns"] == 1 and r["subtask"].startswith("len") for r in mine)
+    (prov,) = [json.loads(line) for line in (run_dir / "provenance.jsonl").read_text().splitlines()]
+    assert len(prov["commit"]) == 40 and isinstance(prov["dirty"], bool) and prov["cpu"]
+
+
+@pytest.fixture
+def evals(tmp_path, monkeypatch):
+    """Two evaluations of the tiny model on the same 6 Coin tasks x 4 samples (two seeds: two 'models')."""
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    coin = ["--env", "tests.test_evaluate:Coin", *FAST, "--turns", "1", "--k", "4"]
+    for seed in (1, 2):
+        E.main([*coin, "--seed", str(seed), "--out", str(tmp_path / f"eval{seed}")])
+    return [("seed 1", tmp_path / "eval1"), ("seed 2", tmp_path / "eval2")]
+
+
+def test_publish_and_regenerate(run_dir, evals, tmp_path):
+    dest = tmp_path / "results" / "coin"
+    args = ["--publish", str(run_dir), str(dest), *[f"{label}={d}" for label, d in evals]]
+    proc = subprocess.run([sys.executable, "report.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert files == ["evals/seed-1/config.json", "evals/seed-1/outcomes.jsonl", "evals/seed-1/provenance.jsonl",
+                     "evals/seed-1/transcripts.jsonl", "evals/seed-2/config.json", "evals/seed-2/outcomes.jsonl",
+                     "evals/seed-2/provenance.jsonl", "evals/seed-2/transcripts.jsonl", "manifest.json",
+                     "run/config.json", "run/evals.jsonl", "run/metrics.jsonl", "run/provenance.jsonl", "tables.md"]
+    assert sum(p.stat().st_size for p in dest.rglob("*")) < 200_000 and not list(dest.rglob("*.safetensors"))
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert len(manifest["published"]["commit"]) == 40 and manifest["evals"][1]["label"] == "seed 2"
+    outcomes = [json.loads(line) for line in (dest / "evals/seed-1/outcomes.jsonl").read_text().splitlines()]
+    source = E.load_transcripts(evals[0][1] / "transcripts.jsonl", 4)[0]
+    assert len(outcomes) == 24 and sorted(json.dumps(o) for o in outcomes) == sorted(
+        json.dumps({k: r[k] for k in R.OUTCOME_KEYS}) for r in source)
+    shown = [json.loads(line) for line in (dest / "evals/seed-1/transcripts.jsonl").read_text().splitlines()]
+    assert len(shown) == 3 and all(s["messages"][-1]["role"] == "assistant" for s in shown)
+    # the tables come back from the folder's files alone, identical to what --publish printed and wrote
+    again = subprocess.run([sys.executable, "report.py", str(dest)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout == proc.stdout == (dest / "tables.md").read_text()
+    md = again.stdout
+    for label, d in evals:  # each evaluation's row: its success and Avg reward as evaluate.py reported them
+        row = json.loads((d / "results.json").read_text())["budgets"]["1"]["all"]
+        assert f"| {label} | 1 | 6 | 24 | {100 * row['success']:.1f} |" in md and f"| {row['avg_reward']:.3f} |" in md
+    diff = R.paired([(label, E.load_transcripts(d / "transcripts.jsonl", 4)[0]) for label, d in evals])[0]["success"]
+    assert f"| 1 | seed 2 | seed 1 | 6 | {100 * diff['diff']:+.1f} [{100 * diff['lo']:+.1f}, {100 * diff['hi']:+.1f}] |" in md
+    curve = md.split("## Validation curve")[1].strip().splitlines()[4:]
+    assert [line.split(" | ")[0] for line in curve] == ["| 0", "| 1", "| 2"] and all(line.endswith("| yes |") for line in curve)
+
+
+def test_publish_refuses_an_oversized_or_existing_folder(run_dir, evals, tmp_path):
+    dest = tmp_path / "big"
+    with pytest.raises(SystemExit, match="over the 0.0 MB limit"):
+        R.publish(run_dir, dest, evals, limit=1000)
+    assert not dest.exists()  # nothing half-written is left to commit
+    R.publish(None, dest, evals[:1])
+    assert "Paired differences" not in (dest / "tables.md").read_text()
+    with pytest.raises(SystemExit, match="holds files already"):
+        R.publish(None, dest, evals[:1])
