@@ -39,18 +39,23 @@ shift || true
 case "$cmd" in
   train)
     if [ $# -gt 0 ]; then exec python lifeline.py --standalone --nproc_per_node "${NPROC:-2}" train.py "$@"; fi
-    # No flags: the CPU learning recipe (config.smollm2), then held-out evaluations of the untrained
-    # model, the warm start and the RL result on the same 40 test tasks x 4 samples, and their table.
+    # No flags: the CPU learning recipe (config.smollm2; in-training evaluation on the validation split),
+    # then final evaluations of the untrained model, the warm start and the RL result on the whole
+    # 200-task test split x 2 samples, the same decoding for all three, their table with paired
+    # bootstrap intervals, and the result folder to commit (RESULTS, default results/babyai-smollm2).
     out=runs/babyai-smollm2
     resume=()
     if compgen -G "$out/checkpoints/step_*" > /dev/null || [ -e "$out/warmstart/config.json" ]; then resume=(--resume); fi
     python lifeline.py --standalone --nproc_per_node "${NPROC:-2}" train.py --preset smollm2 --out "$out" "${resume[@]}"
     for pair in untrained=smollm2 warmstart="$out/warmstart" rl="$out"; do
       python lifeline.py --standalone --nproc_per_node "${NPROC:-2}" evaluate.py --env babyai --env-options '{"brief": true}' \
-        --model "${pair#*=}" --limit 40 --k 4 --turns 8 --max-tokens 40 --max-context 2048 --out "$out/eval-${pair%%=*}"
+        --model "${pair#*=}" --split test --k 2 --turns 8 --max-tokens 40 --max-context 2048 --out "$out/eval-${pair%%=*}"
     done
     python report.py untrained="$out/eval-untrained" warm-start="$out/eval-warmstart" \
-      "warm start + GRPO"="$out/eval-rl" | tee "$out/before_after.md" ;;
+      "warm start + GRPO"="$out/eval-rl" | tee "$out/before_after.md"
+    python report.py --publish "$out" "${RESULTS:-results/babyai-smollm2}" untrained="$out/eval-untrained" \
+      warm-start="$out/eval-warmstart" "warm start + GRPO"="$out/eval-rl" > /dev/null
+    echo "result folder: ${RESULTS:-results/babyai-smollm2} (python report.py ${RESULTS:-results/babyai-smollm2} prints its tables)" ;;
   test) exec python -m pytest "$@" ;;
   *) echo "usage: bash run.sh train [flags] | bash run.sh test [pytest flags]" >&2; exit 2 ;;
 esac
