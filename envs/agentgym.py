@@ -9,7 +9,12 @@ name the env being run. Duplicates are dropped, the order is kept.
 How an index maps, per env (`task_id`), exact or refused:
 - sciworld: the original server lists every variation of the 23 task types it keeps, in the
   simulator's task order; `envs.sciworld.agentgym_task` walks the same list. Exact.
-- babyai: level `n % 40`, seed `n // 40`, the rule used here too. Exact.
+- babyai: level `n % 40` of the original's 40, seed `n // 40`, the rule used here too, on the original's
+  levels: its level 3 (`BabyAI-GoToObjS6-v0`, which the minigrid it ran on built with room size 4) is
+  `GoToObjS4-v0` here, and minigrid is pinned to 3.1.0, whose missions are the original's. Checked grid
+  for grid on 3,953 random ids of all 40 levels against minigrid 2.3.1 (docs/babyai.md). Ids below
+  40,000 are this project's train split (seeds 0-999): evaluate.py refuses to score a run on tasks it
+  trained on.
 - searchqa: the original Search-R1 server numbers the train rows of its data, then the test rows
   (its ids run 0..221,327 = 169,615 train + 51,713 test). SearchQA numbers `qa_train` then `qa_test`
   rows the same way, so with the same data files (env options) the mapping is exact; with the

@@ -22,10 +22,17 @@ Departures from the original wrapper (agentenv-babyai):
 - BFS only walks on cells seen to be free (the original also walked on unseen cells);
 - "go through" ends one step beyond the door rather than on it; "toggle" also opens boxes (KeyInBox);
 - "pick up" is accepted as well as "pickup" (the original prompt said one, the parser wanted the other),
-  and a missing number means 1;
-- BabyAI-GoToObjS6-v0 is -v1 in minigrid 3.x.
+  and a missing number means 1.
 
-Task ids are AgentGym's own (`babyai_<n>` is task n here). `parser="agentgym"` (set by
+The levels are the original's, seed for seed (docs/babyai.md). Its level 3, `BabyAI-GoToObjS6-v0`, was
+registered by the minigrid it ran on (2.1-2.3.1) as GoToObj with room size 4, which is minigrid 3.x's
+`GoToObjS4-v0` (3.x refuses -v0, and its `GoToObjS6-v1` is another task: room size 6). minigrid is
+pinned to 3.1.0: 3.2.0 changed how the Synth and Boss levels draw their missions (a locked room of a
+rejected draw no longer carries over to the next draw), so some seeds got other missions. Each reset
+builds its level anew, as the original server did (a reused level would carry state between tasks).
+
+Task ids are AgentGym's own (`babyai_<n>` is task n here: level `n % 40`, seed `n // 40`; the
+train split below is ids 0..39,999). `parser="agentgym"` (set by
 `--prompt-style agentgym`) extracts the action as the original client did: the text after the first
 `Action:` (`envs.agentgym_action`); the default takes the first line after a single `Action:`.
 
@@ -53,10 +60,12 @@ from envs.babyai_expert import BabyAIExpert
 # thread can restore another's buffer and lose stdout for good), so shadow `print` in that one module.
 roomgrid_level.print = lambda *args, **kwargs: None
 
-# (level, family); the order is the original's level list, so task id % 40 picks the same level.
+# (level, family); the order is the original's level list, so task id % 40 picks the same level. Level 3
+# is the original's BabyAI-GoToObjS6-v0, which minigrid <= 2.3.1 registered as GoToObj(room_size=4):
+# the same as GoToObjS4-v0 (tests/test_agentgym_ids.py builds it from the class to check).
 LEVELS = [
     ("GoToRedBallGrey-v0", "GoTo"), ("GoToRedBall-v0", "GoTo"), ("GoToRedBallNoDists-v0", "GoTo"),
-    ("GoToObjS6-v1", "GoTo"), ("GoToLocalS8N7-v0", "GoTo"), ("GoToObjMazeS7-v0", "GoTo"),
+    ("GoToObjS4-v0", "GoTo"), ("GoToLocalS8N7-v0", "GoTo"), ("GoToObjMazeS7-v0", "GoTo"),
     ("GoToImpUnlock-v0", "GoTo"), ("GoToSeqS5R2-v0", "GoTo"), ("GoToRedBlueBall-v0", "GoTo"),
     ("GoToDoor-v0", "GoTo"), ("GoToObjDoor-v0", "GoTo"), ("Open-v0", "Open"), ("OpenRedDoor-v0", "Open"),
     ("OpenDoorLoc-v0", "Open"), ("OpenRedBlueDoorsDebug-v0", "Open"), ("OpenDoorsOrderN4Debug-v0", "Open"),
@@ -270,7 +279,7 @@ def normalise(action: str) -> str:
 # ---- the environment -----------------------------------------------------------------------------
 
 class BabyAI:
-    """One BabyAI episode at a time; the minigrid level objects are cached and reused across resets."""
+    """One BabyAI episode at a time, on a minigrid level built anew by each reset."""
 
     instruction = INSTRUCTION
 
@@ -281,7 +290,6 @@ class BabyAI:
         self.list_actions = list_actions  # append the available actions to every observation (original)
         self.instruction = BRIEF_INSTRUCTION if brief else INSTRUCTION
         self.success = False
-        self._levels: dict[int, gym.Env] = {}
         self.env = None
         self.done = True
         self.reward = 0.0
@@ -302,11 +310,13 @@ class BabyAI:
 
     # -- episode
     def reset(self, task_id: int) -> str:
-        index, seed = task_id % len(LEVELS), task_id // len(LEVELS)
-        if index not in self._levels:
-            self._levels[index] = gym.make(self.level(task_id)).unwrapped  # no wrappers: we drive it
-        self.env = self._levels[index]
-        obs, _ = self.env.reset(seed=seed)
+        # A new level object each time (about 0.2 ms), as the original server made one per reset: minigrid
+        # <= 3.1 keeps the last locked room of a Synth or Boss level across resets, so a reused object
+        # would make a task's mission depend on the tasks played before it.
+        if self.env is not None:
+            self.env.close()
+        self.env = gym.make(self.level(task_id)).unwrapped  # no wrappers: we drive it
+        obs, _ = self.env.reset(seed=task_id // len(LEVELS))
         self.success, self.done, self.reward = False, False, 0.0
         self._expert = None
         self._observe(obs["image"])
@@ -365,9 +375,8 @@ class BabyAI:
         return self._expert.reply()
 
     def close(self) -> None:
-        for env in self._levels.values():
-            env.close()
-        self._levels.clear()
+        if self.env is not None:
+            self.env.close()
         self.env = None
 
 

@@ -3,7 +3,10 @@
 - every `sciworld_<n>` lands on the (task type, variation) of the original server's rule, recomputed
   here from the scienceworld package's own task list and the simulator's variation counts, for every n;
 - the paper task set keeps the 23 task types and has no 'check valid actions'; AgentGym's action parsing;
-- babyai ids play the level and seed of the original rule; searchqa ids are data rows;
+- babyai ids play the level and seed of the original server's rule, written out here from its source
+  (its 1-based level dict, `data_idx % 40 + 1`, seed `data_idx // 40`, a new env per reset, reset
+  twice), grid for grid, on ids of every level; its level 3 built as minigrid <= 2.3.1 registered it;
+  searchqa ids are data rows;
 - textcraft and webarena ids are refused with the reason; malformed files give one-line errors.
 
 Run: python -m pytest tests/test_agentgym_ids.py   (one ScienceWorld JVM, a few seconds)
@@ -72,15 +75,57 @@ def test_paper_task_set(sciworld):
         SciWorld(task_set="paper23")
 
 
+# The original AgentGym BabyAI server's level dict (agentenv-babyai), 1-based as there.
+ORIGINAL_LEVELS = dict(enumerate([
+    "GoToRedBallGrey", "GoToRedBall", "GoToRedBallNoDists", "GoToObjS6", "GoToLocalS8N7", "GoToObjMazeS7",
+    "GoToImpUnlock", "GoToSeqS5R2", "GoToRedBlueBall", "GoToDoor", "GoToObjDoor", "Open", "OpenRedDoor",
+    "OpenDoorLoc", "OpenRedBlueDoorsDebug", "OpenDoorsOrderN4Debug", "Pickup", "UnblockPickup", "PickupLoc",
+    "PickupDistDebug", "PickupAbove", "PutNextLocalS6N4", "PutNextS7N4Carrying", "Unlock", "UnlockLocalDist",
+    "KeyInBox", "UnlockPickupDist", "BlockedUnlockPickup", "UnlockToUnlock", "ActionObjDoor", "FindObjS7",
+    "KeyCorridorS6R3", "OneRoomS20", "MoveTwoAcrossS8N9", "SynthS5R2", "SynthLoc", "SynthSeq", "MiniBossLevel",
+    "BossLevel", "BossLevelNoUnlock"], start=1))
+
+
+def original_level(data_idx: int):
+    """The level the original server plays for `babyai_<data_idx>`: `all_levels[data_idx % 40 + 1]`, seed
+    `data_idx // 40`, a new gymnasium env reset in the wrapper's __init__ and again by the server."""
+    name = f"BabyAI-{ORIGINAL_LEVELS[data_idx % 40 + 1]}-v0"
+    if name == "BabyAI-GoToObjS6-v0":  # minigrid 2.1-2.3.1 registered it so; 3.x refuses -v0
+        from minigrid.envs.babyai import GoToObj
+        env = GoToObj(room_size=4)
+    else:
+        env = gym.make(name).unwrapped
+    env.reset(seed=data_idx // 40)
+    env.reset(seed=data_idx // 40)
+    return env
+
+
 def test_babyai_ids_play_the_original_level_and_seed(tmp_path):
-    items = [{"item_id": f"babyai_{n}"} for n in (0, 41, 117, 4039)]
+    # every level at seeds 0, 1 and 3 and one more, up to the test seeds; 155, 156 and 90556 (Synth levels)
+    # are draws that minigrid 3.2's changed mission sampling turned into other missions
+    numbers = sorted({seed * 40 + level for level in range(40) for seed in (0, 1, 3, (level * 7919) % 3000)}
+                     | {155, 156, 90556, 100_000 * 40 + 3, 49_999 * 40 + 38})
+    items = [{"item_id": f"babyai_{n}"} for n in numbers]
     ids = agentgym.task_ids(write(tmp_path, items), "babyai", {})
+    assert ids == numbers
     env = BabyAI(parser="agentgym")
-    for n, task in zip((0, 41, 117, 4039), ids):
+    env.reset(ids[-1])  # a Boss level first: what a level played before leaves behind must not matter
+    for n, task in zip(numbers, ids):
         first = env.reset(task)
-        original = gym.make("BabyAI-" + LEVELS[n % 40][0]).unwrapped
-        original.reset(seed=n // 40)
-        assert first.startswith(f"Your goal: {original.mission}\n")
+        original = original_level(n)
+        ours = env.env
+        assert (ours.width, ours.height, ours.max_steps) == (original.width, original.height, original.max_steps), n
+        assert (ours.grid.encode() == original.grid.encode()).all(), n
+        assert (tuple(ours.agent_pos), ours.agent_dir) == (tuple(original.agent_pos), original.agent_dir), n
+        assert ours.mission == original.mission and first.startswith(f"Your goal: {ours.mission}\n"), n
+    # The missions the original's minigrid (2.3.1; 3.1.0 is the same here) gives these three, measured
+    # there: 3.2.0 gives others ("go to a door on your right", ...), and the rule above cannot see that.
+    for n, mission in [(155, "go to the red box"),
+                       (156, "put the purple box next to the grey box and go to the door on your right"),
+                       (90556, "go to a blue door and put the grey ball next to a door")]:
+        assert env.reset(n).startswith(f"Your goal: {mission}\n"), n
+    level3 = [env.reset(n) and env.env.width for n in (3, 43, 83)]
+    assert level3 == [4, 4, 4]  # room size 4 (walls included), as the original's GoToObjS6-v0; -v1's is 6
     # AgentGym's parsing reaches the env: a reply without `Action:` is the action itself
     env.reset(ids[0])
     assert "not a recognised" not in env.step("turn left")[0]

@@ -24,7 +24,7 @@ from tests.adversarial import adversarial_replies
 COLORS = "red|green|blue|purple|yellow|grey"
 REFUSED = re.compile(r"'.*' is not a recognised|You cannot (move|drop|pick|open|go|toggle)|You are already"
                      r"|There is nothing|The door in front of you is locked")  # the env's refusals
-SOLVABLE = ["GoToRedBallGrey-v0", "GoToRedBall-v0", "GoToRedBallNoDists-v0", "GoToObjS6-v1",
+SOLVABLE = ["GoToRedBallGrey-v0", "GoToRedBall-v0", "GoToRedBallNoDists-v0", "GoToObjS4-v0",
             "GoToLocalS8N7-v0", "GoToRedBlueBall-v0", "GoToDoor-v0", "PickupDistDebug-v0"]
 
 
