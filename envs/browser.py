@@ -11,20 +11,40 @@ The observation is WebArena's accessibility-tree text, rendered by envs/axtree.p
 Actions take an id from the last observation: click, hover, type (click, select all, type, Enter),
 press, scroll (one viewport), tabs, goto, go_back / go_forward. Each returns "" or what went wrong.
 A native drop-down (<select>) shows its options even while closed (they have no box then); `type`
-into it or `click` on an option chooses that option, as a person picks from the open list.
+into it or `click` on an option chooses that option, as a person picks from the open list; in a list
+that holds several choices (<select multiple>), `click` on an option adds or removes it (ctrl+click).
+A click whose target another element covers is not made: the error names what covers it.
 Departures: `type` replaces the field's text (WebArena appends), as the text renderer does; Chrome's
 `url` property of the root is left out (newer Chrome than WebArena's; the URL line has it).
-Tested through tests/test_browser.py (drop-downs: tests/test_miniwob.py).
+
+The agent's actions are untrusted model output, so a context reaches only its `origins` (the task's
+sites, as scheme://host:port) and about:blank, in three layers (docs/web.md):
+1. `goto` refuses any other address before the browser sees it (file:, data:, chrome:, view-source:,
+   javascript:, another host or port), with an error text that lists the allowed sites.
+2. In the browser, for every request of the context (navigations, frames, redirects, scripts, images,
+   fetches, WebSockets, popups): the context's proxy is a local server that refuses everything (`_Refuse`,
+   403 and a "Refused" page), and only the allowed origins bypass it. Playwright's `route` is not used
+   for this: it never sees a redirect's next hop (measured: a 302 to another host was followed).
+   Service workers are blocked, downloads refused.
+3. After each action and before each observation, a tab whose address is neither allowed nor the
+   proxy's refusal (e.g. a non-network scheme) is replaced by a blank page with the refusal text.
+Before each observation the page is let settle (`_quiet`): until no short timer (<= 1 s) is pending
+and the DOM has not changed for 40 ms, at most 1.5 s, so that what a page shows a moment after an
+action (an autocomplete's list) is in the observation that action returns.
+Tested through tests/test_browser.py (drop-downs and settling: tests/test_miniwob.py).
 """
 from __future__ import annotations
 
 import asyncio
+import html
+import http.server
 import itertools
 import os
 import shutil
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable
+from urllib.parse import urlsplit
 
 import psutil
 from playwright.async_api import Error as PlaywrightError
@@ -33,6 +53,7 @@ from playwright.async_api import async_playwright
 from . import axtree
 
 MAX_TABS = 10
+_lock = threading.Lock()
 _MODIFIERS = {"ctrl": "Control", "control": "Control", "alt": "Alt", "shift": "Shift", "meta": "Meta",
               "cmd": "Meta", "command": "Meta"}
 _KEYS = {k.lower(): k for k in ["Enter", "Tab", "Escape", "Backspace", "Delete", "Space", "Home", "End", "PageUp",
@@ -50,6 +71,101 @@ _MARK = """function(mark) {
   if (!e || !e.setAttribute) return false;
   e.setAttribute("data-wa-act", mark);
   return true;
+}"""
+
+
+REFUSED_TITLE = "Refused: outside the task's sites"
+_REFUSED = ("<!doctype html><title>" + REFUSED_TITLE + "</title><h1>" + REFUSED_TITLE + "</h1>"
+            "<p>The browser refused {url}: an episode may visit only the sites of its task. Go back, or open one "
+            "of the task's sites.</p>")
+QUIET_MS, QUIET_MAX_S, SHORT_TIMER_MS = 40, 1.5, 1000
+
+# In every frame before its own scripts: count pending short timers and note the time of the last DOM
+# change, so that `_quiet` can wait until the page is done updating (e.g. an autocomplete opening its
+# list 300 ms after a keystroke).
+_WATCH = """(() => {
+  if (window.__waQuiet) return;
+  const pending = new Set(), set = window.setTimeout, clear = window.clearTimeout;
+  let last = performance.now();
+  window.setTimeout = function (callback, delay, ...rest) {
+    if (typeof callback !== "function" || delay > %d) return set.call(window, callback, delay, ...rest);
+    const id = set.call(window, function () { pending.delete(id); return callback.apply(this, arguments); }, delay, ...rest);
+    pending.add(id);
+    return id;
+  };
+  window.clearTimeout = function (id) { pending.delete(id); return clear.call(window, id); };
+  new MutationObserver(() => { last = performance.now(); })
+    .observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
+  window.__waQuiet = () => [pending.size, performance.now() - last];
+})()""" % SHORT_TIMER_MS
+
+
+def origin(url: str) -> str | None:
+    """scheme://host:port of an http(s) URL (the default port written out), else None."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:  # e.g. a port that is no number
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return f"{parts.scheme}://{parts.hostname}:{port}"
+
+
+class _Refuse(http.server.BaseHTTPRequestHandler):
+    """The proxy of every context: it answers every request with 403 and the refusal page, and
+    forwards nothing. Allowed origins bypass it, so whatever reaches it is outside the task."""
+
+    def _refuse(self):
+        body = _REFUSED.format(url=html.escape(self.path[:300])).encode()
+        self.send_response(403)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command not in ("HEAD", "CONNECT"):  # Chrome shows its own error page for a refused tunnel
+            self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = do_CONNECT = _refuse
+
+    def log_message(self, *args):
+        pass
+
+
+_refuser: http.server.ThreadingHTTPServer | None = None
+
+
+def refuser() -> str:
+    """The address of the process's one refusing proxy (started on first use)."""
+    global _refuser
+    with _lock:
+        if _refuser is None:
+            _refuser = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuse)
+            _refuser.daemon_threads = True
+            threading.Thread(target=_refuser.serve_forever, name="refusing-proxy", daemon=True).start()
+        return f"http://127.0.0.1:{_refuser.server_address[1]}"
+
+
+# What covers the centre of an element (where a click lands), or null when the element itself would get
+# the click: "role 'text'" of the outermost covering element that does not contain this one. Playwright
+# would wait out its whole timeout and say only "Timeout exceeded".
+_COVER = """e => {
+  e.scrollIntoView({block: "nearest", inline: "nearest"});
+  const box = e.getClientRects()[0];
+  if (!box || !box.width || !box.height) return null;
+  const hit = e.ownerDocument.elementFromPoint(box.left + box.width / 2, box.top + box.height / 2);
+  if (!hit || e.contains(hit) || hit.contains(e)) return null;
+  let c = hit;
+  while (c.parentElement && !c.parentElement.contains(e)) c = c.parentElement;
+  const text = (c.innerText || c.getAttribute("aria-label") || "").replace(/\\s+/g, " ").trim();
+  return `${c.getAttribute("role") || c.tagName.toLowerCase()} '${text.slice(0, 80)}'`;
+}"""
+
+
+_TOGGLE = """o => {
+  o.selected = !o.selected;
+  for (const type of ["input", "change"]) o.closest("select").dispatchEvent(new Event(type, {bubbles: true}));
+  return "";
 }"""
 
 
@@ -99,7 +215,6 @@ class Browser:
 
 
 _shared: Browser | None = None
-_lock = threading.Lock()
 
 
 def shared() -> Browser:
@@ -115,8 +230,12 @@ class Context:
 
     def __init__(self, browser: Browser | None = None, width: int = 1280, height: int = 720,
                  viewport_only: bool = True, to_local: Callable[[str], str] = str, to_public: Callable[[str], str] = str,
-                 stable_ids: bool = False):
+                 stable_ids: bool = False, origins: Iterable[str] = (), exact: bool = True):
         self.browser = browser or shared()
+        # The only origins this context may reach (local addresses, as the browser sees them), besides
+        # about:blank. None given: no site at all.
+        self.origins = {o for o in map(origin, origins) if o}
+        self.exact = exact  # WebArena's text rules exactly (axtree.render); False: MiniWoB++'s exceptions
         self.viewport = {"width": width, "height": height}
         self.viewport_only, self.to_local, self.to_public = viewport_only, to_local, to_public
         # DOM node ids continue the counter of whatever renderer process Chrome hands the tab (it reuses
@@ -140,7 +259,13 @@ class Context:
         await self._close()
         self._numbers = {}
         chromium = await self.browser.chromium()
-        self.context = await chromium.new_context(viewport=self.viewport, storage_state=storage_state)
+        # Every request goes to the refusing proxy unless its origin is allowed (Chrome's bypass rules match
+        # host and port; Playwright removes Chrome's implicit bypass of loopback addresses, tested).
+        bypass = ",".join(sorted(o.split("://", 1)[1] for o in self.origins))
+        self.context = await chromium.new_context(
+            viewport=self.viewport, storage_state=storage_state, service_workers="block", accept_downloads=False,
+            proxy={"server": refuser(), "bypass": bypass})
+        await self.context.add_init_script(_WATCH)
         self.context.set_default_timeout(10000)  # a stuck action is an error text, not a hang (10 s: a busy machine is slow)
         self.context.set_default_navigation_timeout(20000)
         if cookies:
@@ -149,6 +274,7 @@ class Context:
         for address in url.split(" |AND| "):  # a WebArena task may open several tabs; the first is current
             self.pages.append(await self._new_page())
             await self._goto(self.pages[-1], address.strip())
+        await self._guard()
         await self.page.bring_to_front()
 
     def close(self) -> None:
@@ -187,9 +313,49 @@ class Context:
         if self.context is None or not self.alive():
             return "The browser is not running (it stopped or was killed); it restarts at the next reset."
         try:
-            return self.browser.run(getattr(self, "_" + name)(*args)) or ""
+            return self.browser.run(self._call(name, args))
         except PlaywrightError as error:
-            return f"The browser could not do it: {str(error).splitlines()[0][:300]}"
+            lines = str(error).splitlines()
+            cover = next((line.strip(" -") for line in lines if "intercepts pointer events" in line), "")
+            return f"The browser could not do it: {lines[0][:300]}" + (f" ({cover[:200]})" if cover else "")
+
+    async def _call(self, name: str, args) -> str:
+        try:
+            said = await getattr(self, "_" + name)(*args) or ""
+        finally:
+            refused = await self._guard()
+        return "; ".join(filter(None, [said, refused]))
+
+    # ------------------------------------------------------------------ the allowed sites
+    def allowed(self, url: str) -> bool:
+        return url == "about:blank" or origin(url) in self.origins
+
+    def refusal(self, url: str) -> str:
+        sites = ", ".join(sorted(self.to_public(o.rsplit(":", 1)[0] if o.endswith(":80") else o) for o in self.origins))
+        if url.startswith("chrome-error:"):  # Chrome's error page: a site that is down, or a refused https address
+            what = "the page could not be loaded (an address outside this task's sites is refused)"
+        else:
+            what = f"refused: {self.to_public(url)[:200]} is outside this task's sites"
+        return f"{what}; an episode may visit only {sites or 'no site'}"
+
+    async def _guard(self) -> str:
+        """The last line: a tab at an address outside the allowed origins that is not the proxy's refusal
+        page (a non-network scheme, Chrome's error page) is replaced by a blank page with the refusal.
+        Returns what was refused, for the action's error text."""
+        said = []
+        for page in self.pages:
+            url = page.url
+            if self.allowed(url):
+                continue
+            said.append(self.refusal(url))
+            try:
+                refused_page = url.startswith(("http:", "https:")) and await page.title() == REFUSED_TITLE
+            except PlaywrightError:
+                refused_page = False
+            if not refused_page:
+                await page.goto("about:blank")
+                await page.set_content(_REFUSED.format(url=html.escape(url[:300])))
+        return "; ".join(said)
 
     def alive(self) -> bool:
         chromium = self.browser._chromium
@@ -206,6 +372,8 @@ class Context:
             return "Tab 0 (current): ", f"The page cannot be read: {str(error).splitlines()[0][:200]}", "about:blank"
 
     async def _observe(self):
+        await self._guard()
+        await self._quiet(self.page)
         titles = []
         for i, page in enumerate(self.pages):
             try:
@@ -227,7 +395,7 @@ class Context:
         nodes = (await cdp.send("Accessibility.getFullAXTree"))["nodes"]
         snap = await cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []})
         text, self.shown = axtree.render(nodes, snap, self.viewport, self.viewport_only,
-                                         self._numbers if self.stable_ids else None)
+                                         self._numbers if self.stable_ids else None, self.exact)
         return text
 
     def describe(self, element_id: int) -> str | None:
@@ -260,6 +428,19 @@ class Context:
         while counts[0] > before[0] and counts[1] <= before[1] and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
+    async def _quiet(self, page) -> None:
+        """Wait until the page is done updating: no short timer pending and no DOM change for QUIET_MS, at
+        most QUIET_MAX_S (a page that animates for ever is observed as it is then)."""
+        deadline = time.monotonic() + QUIET_MAX_S
+        while True:
+            try:
+                timers, idle = await page.evaluate("window.__waQuiet ? window.__waQuiet() : [0, 1e9]")
+            except PlaywrightError:  # mid-navigation
+                timers, idle = 1, 0
+            if (timers == 0 and idle >= QUIET_MS) or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(max(0.01, (QUIET_MS - idle) / 1000) if timers == 0 else 0.02)
+
     async def _acting(self, action):
         """Run an action coroutine on the current tab and wait for what it loads."""
         page = self.page
@@ -271,8 +452,15 @@ class Context:
     async def _click(self, element_id: int):
         element = await self._element(element_id)
         if await element.evaluate("e => e.tagName") == "OPTION":  # an option of a closed <select> cannot be clicked
+            if await element.evaluate("e => !!e.closest('select')?.multiple"):
+                # A list that holds several choices: a click adds or removes this one, as ctrl+click does
+                # (the grammar has no modifier for a click).
+                return await element.evaluate(_TOGGLE)
             label = await element.evaluate("e => e.label")
             return await self._select(element.locator("xpath=ancestor::select[1]"), label)
+        cover = await element.evaluate(_COVER)
+        if cover:
+            return f"not clicked: the element is covered by {cover}, which would get the click; close or use that first"
         await self._acting(element.click())
 
     async def _select(self, select, text: str):
@@ -345,6 +533,9 @@ class Context:
             return f"the page could not be loaded ({str(error).splitlines()[0][:200]})"
 
     async def _go(self, url: str):
+        local = self.to_local(url)
+        if not self.allowed(local):  # the first line: the browser never sees the address
+            return self.refusal(local)
         return await self._goto(self.page, url)
 
     async def _go_back(self):

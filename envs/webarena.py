@@ -33,7 +33,9 @@ configs of the libwebarena package. Task ids are then the configs' task_id.
 Departures from WebArena: the local sites are small Python simulations, not the docker images; data
 and tasks are generated (a few hundred tasks, about 35 templates) instead of the 812 human-written
 ones; `type` replaces a field's text instead of appending to it; with the text backend no site is ever
-fetched (a URL outside the simulated hosts gets an error page).
+fetched (a URL outside the simulated hosts gets an error page). In the browser an episode reaches only
+its sites (the local servers, or the configured WebArena sites): any other address, scheme or host is
+refused for every request, with a clear observation (envs/browser.py, docs/web.md).
 Test: `python -m pytest tests/test_webarena.py tests/test_browser.py tests/test_webarena_configs.py
 tests/test_webarena_812.py`.
 """
@@ -142,7 +144,9 @@ def parse(action: str) -> tuple[str, tuple] | str:
         if m is None:
             return "write it as goto [url]"
         address = m[1].strip()
-        address = address if address == "about:blank" or "://" in address else "http://" + address
+        if re.match(r"[a-z][a-z0-9+.-]*:(?!\d)", address, re.IGNORECASE) and "://" not in address:
+            return "go", (address,)  # about:, data:, javascript:, view-source:, ...: the browser refuses all but about:blank
+        address = address if "://" in address else "http://" + address
         try:
             parse_url(address)
         except ValueError as error:  # urllib rejects e.g. a malformed IPv6 host
@@ -193,8 +197,12 @@ class WebArena:
                 from .websites import server
                 self.server = server.shared()
                 to_local, to_public = self.server.to_local, self.server.to_public
+                origins = [f"http://127.0.0.1:{port}" for port in self.server.ports.values()]
+            else:
+                origins = list(self.configs.sites.values())
+            # The episode may reach its sites only (browser.py, docs/web.md): model actions are untrusted.
             self.view = browser.Context(width=width, height=height, viewport_only=viewport_only,
-                                        to_local=to_local, to_public=to_public)
+                                        to_local=to_local, to_public=to_public, origins=origins)
         self.task = None
         self.success = self.done = False
 

@@ -9,15 +9,17 @@ Needs Debian's chromium (`apt-get install -y chromium`): without it these tests 
 
 Run: python -m pytest tests/test_browser.py
 """
+import http.server
 import os
 import re
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from envs import make
+from envs import browser, make
 from tests.adversarial import adversarial_replies
 from tests.test_webarena import LINE, Agent, solve
 
@@ -111,7 +113,8 @@ def test_viewport_scrolling_and_bad_actions():
         link = re.search(r"\[(\d+)\] link", second)[1]
         assert "only a textbox or searchbox accepts text" in env.step(f"```type [{link}] [hello]```")[0]
         obs, reward, done = env.step("```goto [http://example.invalid/secret]```")
-        assert "could not be loaded" in obs and (reward, done) == (0.0, False)
+        assert "refused: http://example.invalid/secret is outside this task's sites" in obs
+        assert (reward, done) == (0.0, False) and "URL: http://luma.com/admin/sales/order" in obs
         assert "unknown key combination" in env.step("```press [Hyper+Q]```")[0]
         assert "Invalid action" in env.step("```tab_focus [4]```")[0]
         assert "there is no next page" in env.step("```go_forward```")[0]
@@ -186,5 +189,121 @@ def test_screenshot_of_each_site(tmp_path):
                 assert f.read(8) == b"\x89PNG\r\n\x1a\n"
             with open(os.path.join(out, f"web-{site}.txt"), "w") as f:
                 f.write(obs.split("\nOBJECTIVE:")[0] + "\n")
+    finally:
+        env.close()
+
+
+# ---------------------------------------------------------------------- only the task's sites
+SECRET = "s3cret-4e1f"
+
+
+class _Site(http.server.BaseHTTPRequestHandler):
+    """The allowed site: a page that reaches for the other host in every way a page can."""
+    other = 0  # the disallowed server's port
+
+    def do_GET(self):
+        other = f"http://127.0.0.1:{self.other}"
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", f"{other}/after-redirect")
+            self.end_headers()
+            return
+        body = (f"<title>Allowed</title><a href='{other}/linked'>to the other host</a> <a href='/redirect'>redirect</a>"
+                f"<iframe src='{other}/framed'></iframe><img src='{other}/image.png'><script src='{other}/s.js'></script>"
+                f"<script>fetch('{other}/fetched').catch(() => 0); new WebSocket('ws://127.0.0.1:{self.other}/ws');"
+                f"window.open('{other}/popup');</script>")
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+class _Secret(http.server.BaseHTTPRequestHandler):
+    """The disallowed host: it counts every request that reaches it and answers with the secret."""
+    hits: list = []
+
+    def do_GET(self):
+        self.hits.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(f"<title>{SECRET}</title>{SECRET}".encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def two_sites():
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) for handler in (_Site, _Secret)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Site.other = servers[1].server_address[1]
+    yield [f"http://127.0.0.1:{server.server_address[1]}" for server in servers]
+    for server in servers:
+        server.shutdown()
+
+
+def test_a_page_reaches_only_the_allowed_origins(two_sites, tmp_path):
+    """Links, redirects, frames, images, scripts, fetches, WebSockets and popups of an allowed page never
+    reach another host (here another port of 127.0.0.1): the browser itself refuses them."""
+    allowed, other = two_sites
+    view = browser.Context(origins=[allowed])
+    _Secret.hits.clear()
+    try:
+        view.open(allowed + "/")
+        time.sleep(0.5)  # the page's own requests (frame, image, script, fetch, WebSocket, popup) have been made
+        tabs, tree, url = view.observe()
+        assert "RootWebArea 'Allowed'" in tree and url == allowed + "/" and SECRET not in tree
+        link = re.search(r"\[(\d+)\] link 'to the other host'", tree)[1]
+        said = view.call("click", int(link))
+        tabs, tree, url = view.observe()
+        assert SECRET not in tree + tabs and f"refused: {other}/linked is outside this task's sites" in said
+        assert "RootWebArea \"Refused: outside the task's sites\"" in tree
+        assert view.call("go_back") == "" and view.observe()[2] == allowed + "/"
+        redirect = re.search(r"\[(\d+)\] link 'redirect'", view.observe()[1])[1]
+        said = view.call("click", int(redirect))
+        tabs, tree, url = view.observe()
+        assert f"refused: {other}/after-redirect" in said and SECRET not in tree and url == other + "/after-redirect"
+        assert _Secret.hits == []  # nothing reached the other host
+    finally:
+        view.close()
+
+
+def test_goto_refuses_other_schemes_and_hosts(two_sites, tmp_path):
+    allowed, other = two_sites
+    secret = tmp_path / "secret.txt"
+    secret.write_text(SECRET)
+    view = browser.Context(origins=[allowed])
+    _Secret.hits.clear()
+    try:
+        view.open(allowed + "/")
+        for address in [secret.as_uri(), "file:///etc/hostname", f"data:text/html,{SECRET}", "chrome://version",
+                        f"view-source:{other}/", f"javascript:document.write('{SECRET}')", other + "/",
+                        "http://169.254.169.254/latest/meta-data/", f"http://localhost:{other.rsplit(':', 1)[1]}/"]:
+            said = view.call("go", address)
+            tabs, tree, url = view.observe()
+            assert said.startswith("refused: ") and f"may visit only {allowed}" in said, (address, said)
+            assert url == allowed + "/" and SECRET not in tree + tabs, address
+        assert _Secret.hits == []
+        assert view.call("go", allowed + "/other") == "" and view.observe()[2] == allowed + "/other"
+    finally:
+        view.close()
+
+
+def test_web_env_refuses_local_files(tmp_path):
+    """The web env's `goto` with a file URL, as a model may write it: a clear observation, nothing read."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text(SECRET)
+    env = make("webarena", backend="browser")
+    try:
+        env.reset(0)
+        for address in [secret.as_uri(), "file:///etc/hostname", "view-source:http://onestopmarket.com/"]:
+            obs, reward, done = env.step(f"```goto [{address}]```")
+            assert f"goto [{address}] (refused: " in obs and SECRET not in obs and (reward, done) == (0.0, False)
+            assert "URL: http://onestopmarket.com" in obs
     finally:
         env.close()
