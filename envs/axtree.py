@@ -7,6 +7,14 @@ StaticText already shown in the three lines above are left out (their children m
 `DOMSnapshot.captureSnapshot` call instead of WebArena's two CDP calls per node. Ids are the DOM node
 ids, as in WebArena, except on the local sites, whose elements carry the text renderer's id
 (`data-wa-id`, envs/websites/server.py), so both backends show the same ids.
+
+With `exact=False` (MiniWoB++), two departures keep every element a task needs in sight: a StaticText
+is dropped only when the role, name and properties of an element on one of the three lines above
+contain it (a link, a button, a checkbox: the text repeats the name of what shows it), not when only
+another text contains it (an instruction that quotes it: navigate-tree's target followed its own
+name in the instruction) nor only a line's id (use-slider-2's value '3' below the line `[3] ...`); and
+the `multiline` property is kept, so a textarea (`textbox '' multiline: True`) differs from a one-line
+text box (click-widget). Tested in tests/test_miniwob.py.
 """
 from __future__ import annotations
 
@@ -17,10 +25,12 @@ IN_VIEW = 0.6  # WebArena's IN_VIEWPORT_RATIO_THRESHOLD
 
 
 def render(nodes: list[dict], snap: dict, viewport: dict, viewport_only: bool,
-           numbers: dict | None = None) -> tuple[str, dict[int, tuple[int, str]]]:
+           numbers: dict | None = None, exact: bool = True) -> tuple[str, dict[int, tuple[int, str]]]:
     """(tree text, shown) from the CDP AX nodes and a DOM snapshot; `shown` maps each printed id to
     (backend DOM node id, "role 'name' props"). `numbers`, when given, renumbers ids 1, 2, ... in order
-    of first appearance and keeps that numbering across calls."""
+    of first appearance and keeps that numbering across calls. `exact`: WebArena's rules exactly (see
+    the module's docstring for the two departures without it)."""
+    ignored = IGNORED if exact else IGNORED - {"multiline"}
     doc, strings = snap["documents"][0], snap["strings"]
     dom = doc["nodes"]
     backend = dom["backendNodeId"]
@@ -65,6 +75,7 @@ def render(nodes: list[dict], snap: dict, viewport: dict, viewport_only: bool,
     for node in nodes:  # a few nodes are repeated in the tree: keep the first
         by_id.setdefault(node["nodeId"], node)
     lines: list[str] = []
+    names: list[str | None] = []  # per line: "role 'name' props" of an element, None for a text
     shown_ids: dict[int, tuple[int, str]] = {}
 
     def visit(node: dict, depth: int, value_id: int | None, parent_in_view: bool) -> None:
@@ -72,14 +83,15 @@ def render(nodes: list[dict], snap: dict, viewport: dict, viewport_only: bool,
         name = node.get("name", {}).get("value")
         b = node.get("backendDOMNodeId")
         props = [f"{p['name']}: {p['value']['value']}" for p in node.get("properties", [])
-                 if p["name"] not in IGNORED and "value" in p.get("value", {})]
+                 if p["name"] not in ignored and "value" in p.get("value", {})]
         visible = b is not None and (role == "RootWebArea" or in_view(b, parent_in_view))
         if role == "option" and b is not None and b not in boxes:  # a closed <select>'s options have no box
             visible = parent_in_view
         shown = name is not None and visible
         if shown and not name.strip() and (role in UNNAMED_HIDDEN and not props or role == "listitem"):
             shown = False
-        if shown and role == "StaticText" and (not name or any(name in line for line in lines[-3:])):
+        if shown and role == "StaticText" and (not name or any(name in line for line in lines[-3:]) if exact else
+                                               any(name in other for other in names[-3:] if other is not None)):
             shown = False
         if shown:
             node_id = wa_id(b, value_id, role)
@@ -87,6 +99,7 @@ def render(nodes: list[dict], snap: dict, viewport: dict, viewport_only: bool,
                 node_id = numbers.setdefault(node_id, len(numbers) + 1)
             content = f"{role} {name!r}" + "".join(" " + p for p in props)
             lines.append("\t" * depth + f"[{node_id}] {content}")
+            names.append(None if role == "StaticText" else content)
             shown_ids.setdefault(node_id, (b, content))
         if role in ("textbox", "searchbox") and b in index and "data-wa-value" in attrs[index[b]]:
             value_id = int(attrs[index[b]]["data-wa-value"])

@@ -9,7 +9,8 @@ find the line with that name, copy the number in front of it.
 
 Pages: PLANNERS' keys, ten kinds (a button, a link, typing, checkboxes, a login form, a drop-down,
 tabs, an icon in an email list, radio buttons, non-ASCII labels). Any other page gets `stop`, which
-ends the episode with reward 0: the warm start imitates only successful episodes, so those never count.
+ends the episode with reward -1 (the page never judged it, envs/miniwob.py): the warm start imitates
+only successful episodes, so those never count.
 
 Use: `MiniWoB.expert()` returns the reply for the current state (the tests check that it reaches reward
 1), or `plan(page, observation)` returns the whole list of steps.
