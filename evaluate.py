@@ -99,6 +99,8 @@ class EvalConfig:
     env_timeout: float = doc("seconds an env reset or step may take before its episode is flagged env_error; "
                              "0: no limit", 300.0)
     out: str = doc("output directory; rerunning with the same one resumes", "runs/eval-{env}-{model}")
+    allow_train_tasks: bool = doc("score --model on tasks its training run trained on (refused otherwise: its "
+                                  "--tasks-file, or its env's train split, e.g. babyai ids below 40,000)", False)
 
 
 def parse(argv: list[str] | None = None) -> EvalConfig:
@@ -246,6 +248,34 @@ def select_tasks(cfg: EvalConfig, env) -> list[int]:
     return ids
 
 
+def trained_on(cfg: EvalConfig, env, ids: list[int]) -> list[int]:
+    """Those of `ids` that --model's training run played in training: the tasks of its --tasks-file, or
+    else its env's train split. The run is found by train.py's config.json in the model's directory or
+    one above it (run/, run/checkpoints/step_N/policy/, run/warmstart/); none found, nothing is known."""
+    path = Path(cfg.model)
+    run = None
+    for folder in [path, *path.resolve().parents][:4] if path.is_dir() else []:
+        try:
+            saved = json.loads((folder / "config.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(saved, dict) and "tasks_per_step" in saved:  # train.py's Config, not a model's config
+            run = saved
+            break
+    if run is None or run.get("env") != cfg.env:
+        return []
+    if run.get("tasks_file"):
+        try:
+            train = agentgym.task_ids(run["tasks_file"], cfg.env, json.loads(run.get("env_options") or "{}"))
+        except ValueError as exc:
+            raise ValueError(f"--model was trained on the tasks of {run['tasks_file']}, which cannot be read to "
+                             f"check for overlap ({exc}); run from the training's directory, or pass "
+                             "--allow-train-tasks") from None
+    else:
+        train = env.tasks("train")
+    return sorted(set(ids) & set(train))
+
+
 # ------------------------------------------------------------------ transcripts and outputs
 
 def load_transcripts(path: Path, k: int) -> tuple[list[dict], bool]:
@@ -355,6 +385,12 @@ def main(argv=None):
         try:
             probe = envs.make(cfg.env, **derive(cfg).env_options)
             task_ids = select_tasks(cfg, probe)
+            if not (cfg.split == "train" and not cfg.tasks_file) and (seen := trained_on(cfg, probe, task_ids)):
+                said = (f"{len(seen)} of the {len(task_ids)} tasks to evaluate (e.g. ids {seen[:5]}) are tasks "
+                        "--model's training run trained on")
+                if not cfg.allow_train_tasks:
+                    raise ValueError(said + "; evaluate held-out tasks, or pass --allow-train-tasks to score them")
+                print(f"warning: {said}: these scores are not held-out", file=sys.stderr)
         except TypeError as exc:  # an option the env's constructor does not take
             problem = f"--env-options {cfg.env_options}: {exc}"
         except ValueError as exc:

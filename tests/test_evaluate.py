@@ -172,6 +172,41 @@ def test_bad_input_stops_with_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_run_is_not_scored_on_tasks_it_trained_on(tmp_path):
+    """A run trained on BabyAI's train split (AgentGym ids below 40,000) and evaluated on a paper-style
+    tasks file: the ids it trained on are refused before any model loads; its own --tasks-file counts too."""
+    import dataclasses
+
+    import config
+    import tiny
+    from envs.babyai import BabyAI
+    policy = tmp_path / "run" / "checkpoints" / "step_000001" / "policy"
+    shutil.copytree(tiny.tiny_model_dir(), policy)
+    (tmp_path / "run" / "checkpoints" / "latest").write_text("step_000001")
+    (tmp_path / "run" / "config.json").write_text(json.dumps(dataclasses.asdict(config.Config(env="babyai"))))
+    (tmp_path / "paper.json").write_text(json.dumps([{"item_id": "babyai_5"}, {"item_id": "babyai_4000003"}]))
+    proc = run(["--env", "babyai", "--model", str(tmp_path / "run"), "--tasks-file", str(tmp_path / "paper.json"),
+                "--out", str(tmp_path / "x")])
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "1 of the 2 tasks to evaluate (e.g. ids [5]) are tasks --model's training run trained on" in lines[0]
+    assert not (tmp_path / "x").exists()
+    env = BabyAI()
+    ids = [5, 39_999, 40_000, 2_000_000, 4_000_003]
+    for given in ("run", "run/checkpoints", "run/checkpoints/step_000001/policy"):
+        cfg = E.parse(["--env", "babyai", "--model", str(tmp_path / given)])
+        assert E.trained_on(cfg, env, ids) == [5, 39_999]  # the train split: seeds 0-999 of the 40 levels
+    assert E.trained_on(E.parse(["--env", "textcraft", "--model", str(tmp_path / "run")]), env, ids) == []
+    assert E.trained_on(E.parse(["--env", "babyai", "--model", str(policy.parent.parent.parent.parent)]), env, ids) == []
+    (tmp_path / "train.json").write_text(json.dumps(["babyai_4000003", "babyai_7"]))
+    saved = dataclasses.asdict(config.Config(env="babyai", tasks_file=str(tmp_path / "train.json")))
+    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+    assert E.trained_on(E.parse(["--env", "babyai", "--model", str(policy)]), env, ids) == [4_000_003]
+    (tmp_path / "train.json").unlink()
+    with pytest.raises(ValueError, match="cannot be read to check for overlap"):
+        E.trained_on(E.parse(["--env", "babyai", "--model", str(policy)]), env, ids)
+
+
 # ------------------------------------------------------------------ real runs
 
 def check_outputs(out: Path, budgets: list[int], tasks: int, k: int) -> list[dict]:
