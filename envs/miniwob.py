@@ -164,8 +164,12 @@ _IMAGES = r"""(async () => {
   }
   const loads = [...urls].map(url => { const i = new Image(); i.src = url; return i.decode().catch(() => null); });
   // At most 2 s, and a timer beside the frame: a page Chrome deems hidden never runs animation frames.
-  await Promise.race([Promise.all(loads), new Promise(done => setTimeout(done, 2000))]);
-  await new Promise(done => { requestAnimationFrame(() => done()); setTimeout(done, 100); });
+  // The timers are cleared after use: a pending one would keep the browser's settling wait going.
+  let timer;
+  await Promise.race([Promise.all(loads), new Promise(done => { timer = setTimeout(done, 2000); })]);
+  clearTimeout(timer);
+  await new Promise(done => { requestAnimationFrame(() => done()); timer = setTimeout(done, 100); });
+  clearTimeout(timer);
   return urls.size;
 })()"""
 
