@@ -32,6 +32,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pathlib
 import pickle
 import random
 import shutil
@@ -304,14 +305,22 @@ def resumable(root: str | Path, rank: int, world: int) -> Path | None:
 
 class _MetadataUnpickler(pickle.Unpickler):
     """DCP's `.metadata` file is a pickle that torch reads with plain `pickle.load`, which runs any code a
-    crafted file names. This one builds only DCP's own metadata classes, torch sizes, dtypes and layouts."""
+    crafted file names. This one builds only DCP's own metadata classes, torch sizes, dtypes and layouts,
+    and the checkpoint's path (DCP stores it). Python 3.13 names that path `pathlib._local.PosixPath` (3.11
+    and 3.12: `pathlib.PosixPath`): both names load as this Python's own class, on any Python, so a
+    checkpoint written under one Python version resumes under another."""
+
+    PATHS = {"Path", "PosixPath", "PurePath", "PurePosixPath"}
 
     def find_class(self, module, name):
-        found = super().find_class(module, name)
+        if module in ("pathlib", "pathlib._local") and name in self.PATHS:
+            return getattr(pathlib, name)  # before any import: 3.11 has no module pathlib._local
+        known = module.startswith("torch.distributed.checkpoint.") or module in ("torch", "torch.serialization",
+                                                                                "collections")
+        found = super().find_class(module, name) if known else None  # no other module is even imported
         if ((module.startswith("torch.distributed.checkpoint.") and isinstance(found, type))
                 or (module == "torch" and (name == "Size" or isinstance(found, torch.dtype)))
-                or (module, name) in {("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-                                      ("pathlib", "Path"), ("collections", "OrderedDict")}):
+                or (module, name) in {("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}):
             return found
         raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which a checkpoint never needs")
 

@@ -137,3 +137,25 @@ def test_loading_refuses_pickles_that_run_code(tmp_path):
     with pytest.raises(pickle.UnpicklingError):
         checkpoint._SafeReader(tmp_path / "values").read_metadata()
     assert not sentinel.exists()
+
+
+def test_metadata_naming_a_python_3_13_path_loads(tmp_path):
+    """DCP pickles the checkpoint's path into `.metadata`; Python 3.13 pickles a PosixPath as
+    `pathlib._local.PosixPath`, a name the restricted unpickler refused (and 3.11 cannot even import),
+    so a sharded checkpoint written on 3.13 could not be resumed. Here a metadata file is rewritten the
+    way 3.13 writes it, and the checkpoint loads."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.arange(3.0)}, checkpoint_id=tmp_path / "dcp")
+    meta = tmp_path / "dcp" / ".metadata"
+    data = pickle.dumps(pickle.loads(meta.read_bytes()), protocol=2)  # protocol 2: names in plain text
+    assert data.count(b"cpathlib\nPosixPath\n") == 1  # the path is there, under 3.11's name
+    meta.write_bytes(data.replace(b"cpathlib\nPosixPath\n", b"cpathlib._local\nPosixPath\n"))
+    assert checkpoint._SafeReader(tmp_path / "dcp").read_metadata().storage_meta.checkpoint_id == tmp_path / "dcp"
+    state = {"w": torch.zeros(3)}
+    dcp.load(state, storage_reader=checkpoint._SafeReader(tmp_path / "dcp"), planner=checkpoint._SafePlanner())
+    assert state["w"].tolist() == [0.0, 1.0, 2.0]
+    # and nothing else in pathlib's reach: a path class, not the module's functions
+    meta.write_bytes(data.replace(b"cpathlib\nPosixPath\n", b"cpathlib._local\nos\n"))
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint._SafeReader(tmp_path / "dcp").read_metadata()
