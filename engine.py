@@ -51,11 +51,17 @@ class Sampling:
     max_tokens: list[int] | int = 256  # per prompt, or one for all
     temperature: float = 1.0
     top_p: float = 1.0
-    seed: int | None = None            # None: nondeterministic; else each prompt i uses seed + i
+    seed: int | list[int] | None = None  # None: nondeterministic; a list: one per prompt; an int s: prompt i uses s + i
     stop_ids: tuple[int, ...] = ()     # end-of-turn token ids; a stop token is kept in the output
 
     def caps(self, n: int) -> list[int]:
         return list(self.max_tokens) if isinstance(self.max_tokens, (list, tuple)) else [self.max_tokens] * n
+
+    def seeds(self, n: int) -> list[int | None]:
+        """The seed of each of `n` prompts (vLLM seeds every request on its own)."""
+        if isinstance(self.seed, (list, tuple)):
+            return list(self.seed)
+        return [None if self.seed is None else self.seed + i for i in range(n)]
 
 
 @dataclass
@@ -171,13 +177,12 @@ class VLLMEngine:
         # prefill is split into chunks, which CPU generators cannot do ("does not use offset"). On CPU
         # the engine-wide seed given at start-up keeps runs reproducible: the in-process sampler draws
         # from torch's global generator, whose state a checkpoint saves (checkpoint.restore_rng).
-        per_request = params.seed is not None and self.device == "cuda"
+        seeds = params.seeds(len(prompts)) if self.device == "cuda" else [None] * len(prompts)
         # Explicit SamplingParams: vLLM applies generation_config.json's sampling defaults (top_k,
         # repetition_penalty, ...) only to requests that come without them.
         sps = [SamplingParams(max_tokens=cap, temperature=params.temperature, top_p=params.top_p, logprobs=0,
-                              seed=params.seed + i if per_request else None,
-                              stop_token_ids=list(params.stop_ids), skip_special_tokens=False,
-                              detokenize=False) for i, cap in enumerate(caps)]
+                              seed=seed, stop_token_ids=list(params.stop_ids), skip_special_tokens=False,
+                              detokenize=False) for cap, seed in zip(caps, seeds)]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps, use_tqdm=False)
         samples = []
         for out in outs:
@@ -268,10 +273,11 @@ class HFEngine:
         cuda = self.device.startswith("cuda")
         index = torch.device(self.device).index if cuda else None
         devices = [torch.cuda.current_device() if index is None else index] if cuda else []
-        rng = torch.random.fork_rng(devices=devices) if params.seed is not None else contextlib.nullcontext()
+        seed = params.seeds(len(prompts))[0]  # one generator for the whole batch: the first prompt's seed
+        rng = torch.random.fork_rng(devices=devices) if seed is not None else contextlib.nullcontext()
         with rng:
-            if params.seed is not None:
-                torch.manual_seed(params.seed)
+            if seed is not None:
+                torch.manual_seed(seed)
             out = self.model.generate(input_ids=ids, attention_mask=attn,
                                       generation_config=self._generation_config(params, max(caps)))
         new = out.sequences[:, width:]                                        # (B, N)

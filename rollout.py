@@ -24,6 +24,7 @@ their process without waiting for it.
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -178,13 +179,24 @@ def _calls(pool: ThreadPoolExecutor, calls: list[tuple[Callable, object]], timeo
     return out
 
 
+def reply_seed(seed: int, episode: int, turn: int) -> int:
+    """The sampling seed of one reply: a 63-bit hash of (seed, the episode's index among all the episodes
+    played with `seed`, turn). A per-rank `seed + i` would give rank r's prompt i+1 and rank r+1's prompt
+    i one seed, and when a task's group spans both ranks, one task: GRPO would compare near-identical
+    samples (vLLM seeds each request on its own). Hashed, no two replies of a step share a seed."""
+    digest = hashlib.blake2b(f"{seed}/{episode}/{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
 def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object], tasks: list[tuple[int, int]],
             max_turns: int, max_tokens: int = 256, max_context: int = 4096, temperature: float = 1.0,
             top_p: float = 1.0, seed: int | None = None, pool: ThreadPoolExecutor | None = None,
-            framing: Framing = Framing(), env_timeout: float | None = None):
+            framing: Framing = Framing(), env_timeout: float | None = None, first: int = 0):
     """Play one episode per (task_id, group) in `tasks`, the i-th on `envs[i]`; `framing` decides how
     each episode opens (framing.py). `env_timeout`: seconds an env reset or step may run before its
-    episode is flagged `env_error` (None: no limit).
+    episode is flagged `env_error` (None: no limit). `seed` (None: unseeded) and `first`, the index of
+    `tasks[0]` among all the episodes played with this seed (on every rank), seed each reply by the
+    episode's global index (`reply_seed`).
 
     Returns (episodes, timing) with timing seconds for "generate", "env" and "other" (our bookkeeping).
     `envs[i]` is replaced in place by `make_env()` when it raised, so the caller's pool stays usable.
@@ -220,8 +232,9 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
             break
         caps = [min(max_tokens, max_context - len(episodes[i].ids)) for i in live]
         t = time.perf_counter()
-        samples = engine.generate([episodes[i].ids for i in live], Sampling(
-            caps, temperature, top_p, None if seed is None else seed + 7919 * turn, chat.stop_ids))
+        seeds = None if seed is None else [reply_seed(seed, first + i, turn) for i in live]
+        samples = engine.generate([episodes[i].ids for i in live], Sampling(caps, temperature, top_p, seeds,
+                                                                            chat.stop_ids))
         timing["generate"] += time.perf_counter() - t
         faults.point("rollout_turn")  # test-only crash point (faults.py): a no-op unless TRAIN_FAULT names it
 
