@@ -1,5 +1,6 @@
-"""The distributed side of training: the process group, FSDP2 sharding, and the small collectives the
-trainer runs on host numbers. train.py, evaluate.py and the benchmarks share them."""
+"""The distributed side of training: the process group, loading a model once per job into FSDP2 shards,
+the weight stream into each rank's generator, and the small collectives the trainer runs on host
+numbers. train.py, evaluate.py and the benchmarks share them. Test: tests/test_distributed.py."""
 from __future__ import annotations
 
 import datetime
@@ -54,6 +55,41 @@ def shard(model, mesh, dtype: str, checkpointing: bool, trainable: bool = True, 
     return model
 
 
+def load(cls, path: str, mesh, dtype: str, checkpointing: bool, trainable: bool = True, train_layers: int = 0,
+         **kwargs):
+    """`cls.from_pretrained(path, **kwargs)` in fp32, sharded by `shard`, with one full copy in host memory
+    per job instead of one per rank (a 7B model is about 30 GB in fp32: 8 ranks loading it each would need
+    240 GB). Rank 0 alone reads the weights; every rank builds the model on the meta device (no memory),
+    shards it, allocates only its own shards on the mesh's device (`to_empty`), and receives each tensor
+    from rank 0 in turn, keeping its slice (`set_model_state_dict(broadcast_from_rank0=True)`). A head
+    that the checkpoint lacks (the critic's) is initialised on rank 0 and so is the same on every rank.
+    Buffers outside the state dict (rotary frequencies) come from rank 0 as well: `to_empty` leaves them
+    uninitialised. The meta-device build followed by loading shards is torchtitan's way; here the shards
+    come over the process group instead of from a converted checkpoint."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full = cls.from_pretrained(path, dtype=torch.float32, **kwargs) if dist.get_rank() == 0 else None
+    box = [(full.config, getattr(full, "generation_config", None)) if full is not None else None]
+    dist.broadcast_object_list(box, src=0)  # every rank builds exactly rank 0's model (attention, labels)
+    config, generation_config = box[0]
+    with torch.device("meta"):
+        model = cls.from_config(config, dtype=torch.float32)
+    if generation_config is not None:  # save_pretrained writes it into checkpoints (their eos ids)
+        model.generation_config = generation_config
+    shard(model, mesh, dtype, checkpointing, trainable, train_layers)
+    device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
+    model.to_empty(device=device)
+    set_model_state_dict(model, full.state_dict() if full is not None else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    sources = dict(full.named_buffers()) if full is not None else {}
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if full is not None:
+                buffer.copy_(sources[name])
+            dist.broadcast(buffer, src=0)
+    return model
+
+
 def freeze_below(model, train_layers: int) -> None:
     """Freeze the embeddings (and with them a tied LM head) and every decoder block below the top
     `train_layers`. Backward then stops at the lowest trained block: no gradient flows into the frozen
@@ -76,6 +112,15 @@ def full_tensors(model, dtype):
     for name, t in model.state_dict().items():
         t = t.detach().to(dtype)  # cast before gathering: a bf16 all-gather moves half the bytes of fp32
         yield name, t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def sync(engine, model, dtype) -> None:
+    """Step (5) of training: stream the full parameters into this rank's generator. Every rank drains the
+    stream, so all run the same gathers even if the engine stops reading early."""
+    weights = full_tensors(model, dtype)
+    engine.sync_weights(weights)
+    for _ in weights:
+        pass
 
 
 def all_sum(*xs: float) -> list[float]:

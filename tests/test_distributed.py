@@ -7,6 +7,7 @@
 - `distributed.shard` puts trained models in train mode (so activation checkpointing really runs) and the
   frozen reference in eval mode.
 """
+import functools
 import os
 import random
 import tempfile
@@ -165,3 +166,96 @@ def test_train_layers_updates_only_the_top_blocks_and_final_norm():
         assert changed["model.norm.weight"] and all(v for k, v in changed.items() if k.startswith(top))
         frozen = [k for k in changed if not k.startswith(top) and k != "model.norm.weight"]
         assert frozen and not any(changed[k] for k in frozen), [k for k in frozen if changed[k]]
+
+
+# ------------------------------------------------------------------ start-up host memory
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident set since the last `_reset_peak` (VmHWM), in MB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+
+def _reset_peak() -> float:
+    """Restart the peak-RSS count from the current RSS (Linux: clear_refs 5); returns the current RSS in MB."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def _load_peak(path, how, rank):
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    before = _reset_peak()
+    if how == "every rank reads":  # the load path before distributed.load
+        model = distributed.shard(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), mesh, "float32", False)
+    else:
+        model = distributed.load(AutoModelForCausalLM, path, mesh, "float32", False)
+    peak = _peak_rss_mb() - before
+    shard_mb = sum(p.to_local().numel() * 4 for p in model.parameters()) / 2**20
+    return {"peak_mb": peak, "shard_mb": shard_mb}
+
+
+def test_only_rank_0_holds_a_full_copy_of_the_model_at_start_up(tmp_path):
+    """Start-up host memory, measured: the peak resident-set growth of each rank while it loads a
+    100M-parameter Qwen2 model (420 MB in fp32) and shards it over 2 ranks. Loaded by every rank (the old
+    path), every rank peaks above the whole model; through `distributed.load`, rank 1 stays near its
+    shard (half the model), and only rank 0 reads the full copy."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                         num_key_value_heads=2, vocab_size=8192, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "m")
+    full_mb = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tmp_path / "m").parameters()) * 4 / 2**20
+    old = spawn(functools.partial(_load_peak, str(tmp_path / "m"), "every rank reads"), "gloo")
+    new = spawn(functools.partial(_load_peak, str(tmp_path / "m"), "rank 0 reads"), "gloo")
+    print(f"\nfull model {full_mb:.0f} MB; peak RSS growth per rank, every rank reads: "
+          f"{[round(r['peak_mb']) for r in old]} MB; rank 0 reads: {[round(r['peak_mb']) for r in new]} MB")
+    assert all(r["peak_mb"] > full_mb for r in old)  # the measurement sees a full copy where there is one
+    assert new[1]["peak_mb"] < 0.8 * full_mb, new  # its shard (half) plus a tensor or two in flight
+    assert abs(new[1]["shard_mb"] - full_mb / 2) < 0.05 * full_mb
+
+
+def _loaded_equals_from_pretrained(rank):
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from tiny import tiny_model_dir
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    out = {}
+    for cls, kw in ((AutoModelForCausalLM, {}), (AutoModelForTokenClassification, {"num_labels": 1})):
+        torch.manual_seed(rank)  # the critic's new head: rank 0's draw goes to every rank
+        model = distributed.load(cls, tiny_model_dir(), mesh, "float32", False, **kw).eval()
+        torch.manual_seed(0)
+        plain = cls.from_pretrained(tiny_model_dir(), dtype=torch.float32, **kw).eval()
+        mine, theirs = {k: v.full_tensor() for k, v in model.state_dict().items()}, plain.state_dict()
+        buffers = dict(plain.named_buffers())
+        ids = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            logits = float((model(input_ids=ids).logits - plain(input_ids=ids).logits).abs().max())
+        out[cls.__name__] = {
+            "keys": sorted(mine) == sorted(theirs),
+            "weights_differ": [k for k in theirs if "score" not in k and not torch.equal(mine[k], theirs[k])],
+            "buffers": all(torch.equal(b, buffers[n]) for n, b in model.named_buffers()),
+            "head": mine.get("score.weight", torch.zeros(1)).tolist(),
+            "logits": logits if cls is AutoModelForCausalLM else 0.0,
+            "tied": getattr(model, "lm_head", model).weight is model.model.embed_tokens.weight if kw == {} else True,
+            "eos": model.config.eos_token_id == plain.config.eos_token_id}
+    return out
+
+
+def test_a_loaded_model_equals_from_pretrained_on_every_rank():
+    """distributed.load builds on the meta device and fills shards from rank 0: weights, the rotary
+    buffers (outside the state dict, which `to_empty` leaves uninitialised), tied embeddings and config
+    all match transformers' own load; the critic's new head is rank 0's on every rank."""
+    results = spawn(_loaded_equals_from_pretrained, "gloo")
+    for r in results:
+        for name, v in r.items():
+            assert v["keys"] and not v["weights_differ"] and v["buffers"] and v["tied"] and v["eos"], (name, v)
+            assert v["logits"] == 0.0, (name, v)
+    assert results[0]["AutoModelForTokenClassification"]["head"] == results[1]["AutoModelForTokenClassification"]["head"]
