@@ -35,8 +35,13 @@ def collate(episodes, pad_id: int) -> dict:
             "groups": torch.tensor([e.group for e in episodes], dtype=torch.long)}
 
 
-def micro_batches(rows: list[int], lengths: torch.Tensor, budget: int) -> list[list[int]]:
-    """Greedy packing of rows (longest first) so that rows x padded length stays within `budget`."""
+def micro_batches(rows: list[int], lengths: torch.Tensor, budget: int, shared: dict | None = None) -> list[list[int]]:
+    """Greedy packing of rows (longest first) so that rows x padded length stays within `budget`. With
+    `shared` (the batch), for the shared-prefix forward: groups kept together, the tokens it runs within
+    `budget` (prefix.micro_batches)."""
+    if shared is not None:
+        import prefix
+        return prefix.micro_batches(rows, shared, budget)
     out, cur, width = [], [], 0
     for r in sorted(rows, key=lambda r: -int(lengths[r])):
         w = max(width, int(lengths[r]))
@@ -51,22 +56,78 @@ def micro_batches(rows: list[int], lengths: torch.Tensor, budget: int) -> list[l
 LOGIT_ELEMENTS = 1 << 24  # tokens x vocabulary of one head slice: 64 MB in float32 (341 tokens at 49k)
 
 
-def _head_slice(hidden, weight, targets, temperature: float, entropy: bool, entropy_grad: bool, once: dict):
-    """One slice of tokens through the LM head: logprob of each target (and the entropy) at this
-    temperature, in float32 from the head's output (a bf16 matmul for bf16 weights, as vLLM does).
-    Few (n, V) temporaries: the division is in place (mm's backward needs its inputs, not its output).
-    A metric entropy (no gradient) is computed on the first call only: backward's recomputation of a
-    checkpointed slice skips it (it saves no tensor, so the recomputation stays consistent)."""
-    logits = (hidden @ weight.T).float()                                      # (n, V)
-    logits.div_(temperature)
-    lse = logits.logsumexp(-1)                                                # (n,)
-    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
-    if entropy and entropy_grad:
-        return logp, lse - torch.einsum("nv,nv->n", torch.softmax(logits, -1), logits)
-    if entropy and once.pop("first", False):
-        with torch.no_grad():
-            return logp, lse - torch.einsum("nv,nv->n", torch.softmax(logits, -1), logits)
-    return logp, torch.zeros_like(logp)
+class _Head(torch.autograd.Function):
+    """(N, H) hidden, (V, H) weight, (N,) targets -> (N,) logprobs and (N,) entropies at `temperature`,
+    through the head `n` tokens at a time (never more than one (n, V) slice of logits alive).
+
+    Backward needs, per token, d logp / d logits = (onehot - p) / T and d entropy / d logits =
+    -p (s + entropy) / T (s the log-softmax of the tempered logits). A frozen head (a tied embedding under --train-layers)
+    needs no weight gradient: forward then also computes each token's gradient with respect to its
+    hidden state, (n, V) @ (V, H), and backward only scales it, so the logits are never recomputed. A
+    trained head is recomputed slice by slice in backward, and its weight gradient is summed in
+    float32 over the slices (under bf16 a slice's product is bf16, but the sum of ~150 of them is not).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, n: int, entropy_grad: bool):
+        N, frozen = hidden.shape[0], not ctx.needs_input_grad[1]
+        logp, ent = hidden.new_empty(N, dtype=torch.float32), hidden.new_empty(N, dtype=torch.float32)
+        keep = frozen and ctx.needs_input_grad[0]
+        d_lp = hidden.new_empty(hidden.shape) if keep else None                            # (N, H)
+        d_ent = hidden.new_empty(hidden.shape) if keep and entropy_grad else None
+        for i in range(0, N, n):
+            t = targets[i:i + n]
+            s, p, e = _tempered(hidden[i:i + n], weight, temperature)                      # (n, V) x2
+            logp[i:i + n], ent[i:i + n] = s.gather(-1, t[:, None]).squeeze(-1), e
+            if d_ent is not None:
+                d_ent[i:i + n] = s.add_(e[:, None]).mul_(p).div_(-temperature).to(weight.dtype) @ weight
+            if d_lp is not None:
+                d_lp[i:i + n] = _onehot_minus(p, t).div_(temperature).to(weight.dtype) @ weight
+        ctx.temperature, ctx.n, ctx.frozen = temperature, n, frozen
+        ctx.save_for_backward(*((d_lp, d_ent) if frozen else (hidden, weight, targets)))
+        if not entropy_grad:
+            ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        if ctx.frozen:
+            d_lp, d_ent = ctx.saved_tensors
+            if d_lp is None:
+                return None, None, None, None, None, None
+            grad = d_lp.float() * g_lp[:, None]
+            if d_ent is not None and g_ent is not None:
+                grad += d_ent.float() * g_ent[:, None]
+            return grad.to(d_lp.dtype), None, None, None, None, None
+        hidden, weight, targets = ctx.saved_tensors
+        T, n = ctx.temperature, ctx.n
+        g_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        g_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for i in range(0, hidden.shape[0], n):
+            h, t = hidden[i:i + n], targets[i:i + n]
+            s, p, e = _tempered(h, weight, T)
+            dz = s.add_(e[:, None]).mul_(p).mul_(-g_ent[i:i + n, None]) if g_ent is not None else None
+            dz = _onehot_minus(p, t).mul_(g_lp[i:i + n, None]).add_(0 if dz is None else dz).div_(T)
+            dz = dz.to(weight.dtype)                                                        # (n, V)
+            if g_hidden is not None:
+                g_hidden[i:i + n] = dz @ weight
+            g_weight += (dz.T @ h).float()
+        return g_hidden, g_weight.to(weight.dtype), None, None, None, None
+
+
+def _tempered(hidden, weight, temperature: float):
+    """One slice: log-softmax s of the tempered logits z = (h W^T) / T, in float32 from the head's own
+    matmul (bf16 for bf16 weights, as vLLM computes them), its softmax p and entropy -sum p s;
+    (n, V), (n, V), (n,). The entropy from s, not as logsumexp(z) - E_p[z], which cancels digits."""
+    z = (hidden @ weight.T).float().div_(temperature)
+    s = z.sub_(z.logsumexp(-1, keepdim=True))
+    p = s.exp()
+    return s, p, -torch.einsum("nv,nv->n", p, s)
+
+
+def _onehot_minus(p, targets):
+    """onehot(targets) - p, in place over p."""
+    return p.neg_().scatter_add_(1, targets[:, None], torch.ones_like(p[:, :1]))
 
 
 def head_logprobs(hidden, weight, targets, temperature: float, entropy: bool = False, entropy_grad: bool = False,
@@ -74,73 +135,94 @@ def head_logprobs(hidden, weight, targets, temperature: float, entropy: bool = F
     """(N, H) final hidden states, (V, H) LM-head weight, (N,) targets -> (N,) logprobs, (N,) entropy.
 
     Never holds more than one slice of (tokens x vocabulary) logits: slices of `slice_tokens` tokens
-    (default LOGIT_ELEMENTS // V) go through the head one at a time, and when gradients are needed each
-    slice is checkpointed, so backward recomputes its logits instead of keeping them (the idea of
-    Liger's fused linear cross-entropy and torchtune's chunked output, with plain torch ops). A
-    (16k x 49k) float32 logits tensor is 3.2 GB, and the naive path held several per micro-batch.
+    (default LOGIT_ELEMENTS // V) go through the head one at a time, forward and backward (`_Head`, the
+    idea of Liger's fused linear cross-entropy and torchtune's chunked output, with plain torch ops).
+    A (16k x 49k) float32 logits tensor is 3.2 GB, and the naive path held several per micro-batch.
     The entropy carries a gradient only when `entropy_grad` (an entropy bonus); otherwise it is a
-    detached metric computed from the same slice, at no extra matmul.
+    detached metric from the same slice (zeros when not `entropy`).
     """
-    from torch.utils.checkpoint import checkpoint
-
     n = slice_tokens or max(1, LOGIT_ELEMENTS // weight.shape[0])
-    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    logps, ents = [], []
-    for i in range(0, hidden.shape[0], n):
-        args = (hidden[i:i + n], weight, targets[i:i + n], temperature, entropy, entropy_grad, {"first": True})
-        if grad:
-            lp, ent = checkpoint(_head_slice, *args, use_reentrant=False)
-        else:
-            lp, ent = _head_slice(*args)
-        logps.append(lp)
-        ents.append(ent if entropy_grad else ent.detach())
-    if not logps:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, empty
-    return torch.cat(logps), torch.cat(ents)
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        lp, ent = _Head.apply(hidden, weight, targets, temperature, n, entropy and entropy_grad)
+    else:
+        lp, ent = hidden.new_empty(0, dtype=torch.float32), hidden.new_empty(0, dtype=torch.float32)
+        parts = []
+        for i in range(0, hidden.shape[0], n):
+            s, _, e = _tempered(hidden[i:i + n], weight, temperature)
+            parts.append((s.gather(-1, targets[i:i + n, None]).squeeze(-1), e))
+        if parts:
+            lp, ent = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
+    return lp, (ent if entropy_grad and entropy else ent.detach() if entropy else torch.zeros_like(lp))
 
 
-def _final_hidden(model, ids, attn):
+def _final_hidden(model, call):
     """The decoder's last hidden states (after its final norm), without computing full logits: a
-    forward hook on the decoder keeps its output, and the head runs on one position only."""
+    forward hook on the decoder keeps its output while `call` runs the model (its head on one position)."""
     kept = {}
     hook = model.get_decoder().register_forward_hook(lambda mod, args, out: kept.update(h=out[0]))
     try:
-        model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=1)
+        call(logits_to_keep=1)
     finally:
         hook.remove()
     return kept["h"]
 
 
 def forward(model, batch: dict, rows: list[int], temperature: float, value: bool = False, entropy: bool = False,
-            entropy_grad: bool = False, width: int | None = None):
+            entropy_grad: bool = False, width: int | None = None, shared_prefix: bool = False,
+            policy_only: bool = False):
     """Per-token logprobs (or critic values) of rows, aligned with ids: out[:, t] scores token t from
     position t-1; and the per-token entropy when `entropy` (else None). Logprobs and entropy are
     float32 whatever the model's dtype; the logits are never materialised whole (`head_logprobs`).
-    `width` caps the positions (a padding micro-batch's dummy row needs 2, not a whole episode)."""
+    `width` caps the positions (a padding micro-batch's dummy row needs 2, not a whole episode).
+    `shared_prefix`: rows of one group run their common prefix once (prefix.py; exact). `policy_only`:
+    only positions where batch["mask"] is set are scored, the rest are 0 (the head is about a fifth of
+    a small model's forward, and most of an episode is prompt and observations)."""
+    import prefix
+
     width = width or int(batch["attn"][rows].sum(1).max())
-    ids, attn = batch["ids"][rows, :width].to(model.device), batch["attn"][rows, :width].to(model.device)
+    ids, attn = batch["ids"][rows, :width], batch["attn"][rows, :width]
+    lengths = attn.sum(1)
+    limit = lengths if shared_prefix or policy_only else torch.full_like(lengths, width)
+    need = torch.arange(width)[None, :] < limit[:, None]
+    need[:, 0] = False                                                                 # (b, w)
+    if policy_only:
+        chosen = need & (batch["mask"][rows, :width] != 0)
+        need = chosen if chosen.any() else need & (torch.arange(width) == lengths[:, None] - 1)  # keep one
+    rr, tt = need.nonzero(as_tuple=True)
+    shared_prefix = shared_prefix and prefix.enable(model)
+    if shared_prefix:
+        lay = prefix.layout(ids, lengths, batch["groups"][rows])
+        where = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, w in enumerate(lay.where):
+            where[i, :len(w)] = w
+        src, lay = where[rr, tt - 1], lay.to(model.device)
+        call = lambda **kw: prefix.run(model, lay, **kw)  # noqa: E731
+    else:
+        src = rr * width + tt - 1
+        call = lambda **kw: model(input_ids=ids.to(model.device), attention_mask=attn.to(model.device),  # noqa: E731
+                                  use_cache=False, **kw)
+    rr, tt, src = rr.to(model.device), tt.to(model.device), src.to(model.device)
+    result = torch.zeros(len(rows), width, device=model.device)
     if value:
-        out = model(input_ids=ids, attention_mask=attn, use_cache=False).logits       # (b, w, 1)
-        result = torch.zeros(len(rows), width, device=out.device)
-        result[:, 1:] = out[:, :-1, 0].float()
+        out = call().logits                                                            # (b, w, 1) or (1, S, 1)
+        result[rr, tt] = out.flatten(0, 1)[src, 0].float()
         return result, None
-    hidden = _final_hidden(model, ids, attn)[:, :-1]                                   # (b, w-1, H)
+    hidden = _final_hidden(model, call)                                                # (b, w, H) or (1, S, H)
     weight = model.get_output_embeddings().weight                                      # (V, H)
-    b, w1, h = hidden.shape
-    lp, ent = head_logprobs(hidden.reshape(b * w1, h), weight, ids[:, 1:].reshape(-1), temperature,
+    lp, ent = head_logprobs(hidden.flatten(0, 1)[src], weight, ids.to(model.device)[rr, tt], temperature,
                             entropy, entropy_grad)
-    zero = torch.zeros(b, 1, device=lp.device)
-    result = torch.cat([zero, lp.view(b, w1)], dim=1)                                  # (b, w)
-    return result, (torch.cat([zero, ent.view(b, w1)], dim=1) if entropy else None)
+    result = result.index_put((rr, tt), lp)
+    return result, (torch.zeros_like(result).index_put((rr, tt), ent) if entropy else None)
 
 
 @torch.no_grad()
-def score(model, batch: dict, micro: list[list[int]], temperature: float, value: bool = False) -> torch.Tensor:
-    """(B, L) logprobs (or values) of the whole batch, micro-batch by micro-batch."""
+def score(model, batch: dict, micro: list[list[int]], temperature: float, value: bool = False,
+          shared_prefix: bool = False) -> torch.Tensor:
+    """(B, L) logprobs (or values) of the whole batch, micro-batch by micro-batch (`forward`'s options)."""
     out = torch.zeros_like(batch["mask"])
     for mb in micro:
-        res, _ = forward(model, batch, mb or [0], temperature, value=value, width=None if mb else DUMMY_WIDTH)
+        res, _ = forward(model, batch, mb or [0], temperature, value=value, width=None if mb else DUMMY_WIDTH,
+                         shared_prefix=shared_prefix and bool(mb))
         if mb:
             out[mb, :res.shape[1]] = res.float().cpu()
     return out
