@@ -334,7 +334,7 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
 
     from engine import make_engine
     from rollout import ChatFormat, abandoned, rollout
-    from tiny import resolve_model as build
+    from models import resolve_model as build
 
     if rank == 0:  # rank 0 builds the tiny model (or converts SmolLM2) once; the others wait
         build(d.model)

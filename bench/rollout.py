@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import envs  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
 from rollout import ChatFormat, rollout  # noqa: E402
-from tiny import resolve_model  # noqa: E402
+from models import resolve_model  # noqa: E402
 
 
 class TimedChat(ChatFormat):

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -85,11 +86,12 @@ import algorithms as A  # noqa: E402
 import config as configs  # noqa: E402
 import batch as batch_  # noqa: E402
 import distributed  # noqa: E402
+import memplan  # noqa: E402
 import train  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
 from rollout import Episode  # noqa: E402
 import tiny as tiny_recipe  # noqa: E402
-from tiny import resolve_model  # noqa: E402
+from models import resolve_model  # noqa: E402
 
 PHASES = ("collate", "logprobs", "advantages", "update", "sync", "log", "wait", "gather_only", "plain_update",
           "update_cpu", "plain_cpu")  # *_cpu: CPU seconds of the process (all its threads), not wall time
@@ -370,6 +372,16 @@ def main() -> None:
 
     mem = {"imports": rss_mb()}
     args.path, cleanup = model_dir(args, rank)
+    # the plan train.py consults, before any weights load: refuse a step that would not fit here
+    plan_cfg = dataclasses.replace(cfg, model=args.path, engine=args.engine, memory_check="stop")
+    try:
+        _, info = memplan.fit(plan_cfg, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), "cpu", args.dtype,
+                              mode="stop")
+    except memplan.MemoryPlanError as exc:
+        if rank == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2)
+    mem["plan"] = info["plan"] / 2**20
     load = lambda: AutoModelForCausalLM.from_pretrained(args.path, dtype=torch.float32)  # noqa: E731
     mesh = init_device_mesh("cpu", (world,))
     policy = distributed.shard(load(), mesh, args.dtype, args.checkpointing, train_layers=args.train_layers)
@@ -475,10 +487,11 @@ def report(args, f, config) -> None:
 
     mems = f["memory"]
     print("\n# memory per rank, MB (RSS; 'timed steps' is VmHWM over the timed steps' phases (2)-(6))")
-    rows = [("rank", "after imports", "after load+shard (peak)", "timed steps (peak)", "process peak (ru_maxrss)")]
+    rows = [("rank", "after imports", "after load+shard (peak)", "timed steps (peak)", "process peak (ru_maxrss)",
+             "memplan (a full micro-batch)")]
     for r, m in enumerate(mems):
         rows.append((str(r), f"{m['imports']:.0f}", f"{m['loaded']:.0f}",
-                     f"{m['step']:.0f}" if m.get("resettable") else "n/a", f"{m['max']:.0f}"))
+                     f"{m['step']:.0f}" if m.get("resettable") else "n/a", f"{m['max']:.0f}", f"{m['plan']:.0f}"))
     print(table(rows))
     if "plain_resident" in mems[0]:
         print(f"rank 0 also holds the plain baseline from its first run on: {mems[0]['plain_resident']:.0f} MB of fp32 "

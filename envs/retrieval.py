@@ -61,7 +61,7 @@ class Dense:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
-        from tiny import resolve_model
+        from models import resolve_model
 
         path = resolve_model(encoder)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
