@@ -45,7 +45,7 @@ import faults
 import lifeline
 import memplan
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
-from distributed import all_max, all_sum, full_tensors, setup_distributed, shard
+from distributed import all_max, all_sum, load, setup_distributed, sync
 from engine import make_engine
 from rollout import ChatFormat, abandoned, rollout
 from runlog import RunLog, log_outcomes, memory_mb, trim_heap
@@ -143,15 +143,6 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
     return stats
 
 
-def sync(engine, policy, dtype) -> None:
-    """Step (5): stream the full parameters into this rank's generator. Every rank drains the stream,
-    so all run the same gathers even if the engine stops reading early."""
-    weights = full_tensors(policy, dtype)
-    engine.sync_weights(weights)
-    for _ in weights:
-        pass
-
-
 def tasks_for_step(train_ids: list[int], step: int, count: int, seed: int) -> list[int]:
     """The step's tasks: consecutive slices of per-epoch shuffles, a pure function of the step, so a
     resumed run sees exactly the data an uninterrupted one would."""
@@ -245,21 +236,17 @@ def main(argv=None):
     tokenizer = AutoTokenizer.from_pretrained(policy_path)
     chat = ChatFormat(tokenizer, policy_path)
     mesh = init_device_mesh(d.device, (world,))
-    # Models load on the CPU; fully_shard moves each block to the mesh's device as it shards it, so no
-    # GPU ever holds a whole unsharded fp32 copy.
-    policy = shard(AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32), mesh, d.dtype,
-                   cfg.checkpointing, train_layers=cfg.train_layers)
+    # Rank 0 alone reads each model (one full fp32 copy in host memory per job); every rank keeps its shards
+    policy = load(AutoModelForCausalLM, policy_path, mesh, d.dtype, cfg.checkpointing, train_layers=cfg.train_layers)
     trained = [p for p in policy.parameters() if p.requires_grad]
     optimizers = {"policy": torch.optim.AdamW(trained, lr=cfg.lr, weight_decay=cfg.weight_decay)}
     models = {"policy": policy}
     ref = None
     if cfg.kl_coef > 0:  # the KL anchor is the model RL starts from: the warm start when there is one
-        ref = shard(AutoModelForCausalLM.from_pretrained(str(warm_dir) if warm_done else base, dtype=torch.float32),
-                    mesh, d.dtype, False, trainable=False)
+        ref = load(AutoModelForCausalLM, str(warm_dir) if warm_done else base, mesh, d.dtype, False, trainable=False)
     if cfg.algo == "ppo":
-        critic_path = str(resume_from / "critic") if resume_from else base
-        critic = AutoModelForTokenClassification.from_pretrained(critic_path, num_labels=1, dtype=torch.float32)
-        models["critic"] = shard(critic, mesh, d.dtype, cfg.checkpointing)
+        critic = models["critic"] = load(AutoModelForTokenClassification, str(resume_from / "critic") if resume_from
+                                         else base, mesh, d.dtype, cfg.checkpointing, num_labels=1)
         optimizers["critic"] = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
     start = checkpoint.load_training_state(resume_from, models, optimizers, rank, world) if resume_from else 0
     done_updates = start * cfg.ppo_epochs * cfg.mini_batches  # warmup position is a function of the step too
@@ -285,6 +272,7 @@ def main(argv=None):
     dtype = getattr(torch, d.dtype)
     if cfg.bc_episodes and not resume_from and not warm_done:
         import warmstart
+        engine.sleep()  # the GPU memory it holds is the warm start's; sync() reloads the weights
         warmstart.run(cfg, max(d.schedule.budgets), policy, ref, env_pool, threads, chat, tokenizer, train_ids,
                       warm_dir, all_sum, all_max, print0, d.framing)
         sync(engine, policy, dtype)
@@ -305,8 +293,8 @@ def main(argv=None):
         mine = plan[rank * per_rank:(rank + 1) * per_rank]
         engine.wake()
         episodes, rt = rollout(engine, chat, env_pool, make_env, mine, horizon, cfg.max_tokens, cfg.max_context,
-                               cfg.temperature, cfg.top_p, seed=(cfg.seed * 7919 + step) * 131 + rank, pool=threads,
-                               framing=d.framing, env_timeout=cfg.env_timeout or None)
+                               cfg.temperature, cfg.top_p, seed=(cfg.seed * 7919 + step) * 131, first=rank * per_rank,
+                               pool=threads, framing=d.framing, env_timeout=cfg.env_timeout or None)
         engine.sleep()
         timing.update({f"time/{k}": v for k, v in rt.items()})
         batch = collate(episodes, tokenizer.pad_token_id or 0)
@@ -428,12 +416,14 @@ def quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, turns: int, pool,
     and success over all ranks as `name`/reward and `name`/success; per-task outcomes to out/evals.jsonl.
     evaluate.py is the full evaluation (k samples, Pass@k, subtasks)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    mine, eps = val_ids[rank::world], []
+    engine.wake()  # after sync() the KV cache is still asleep (GPU), and generate refuses to run
+    lo, hi = rank * len(val_ids) // world, (rank + 1) * len(val_ids) // world  # contiguous: seeds follow the index
+    mine, eps = val_ids[lo:hi], []
     for i in range(0, len(mine), len(env_pool)):
         part = [(t, j) for j, t in enumerate(mine[i:i + len(env_pool)])]
         eps += rollout(engine, chat, env_pool, make_env, part, turns, cfg.max_tokens, cfg.max_context,
-                       temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed * 104729 + i + rank, pool=pool,
-                       framing=framing, env_timeout=cfg.env_timeout or None)[0]
+                       temperature=cfg.temperature, top_p=cfg.top_p, seed=(cfg.seed * 7919 - 1) * 131,  # "step -1"
+                       first=lo + i, pool=pool, framing=framing, env_timeout=cfg.env_timeout or None)[0]
     log_outcomes(out / "evals.jsonl", step, name, eps, env_pool[0].subtask)  # the curve, traceable per task
     reward, success, n = all_sum(sum(e.reward for e in eps), sum(e.success for e in eps), len(mine))
     return {f"{name}/reward": reward / max(n, 1), f"{name}/success": success / max(n, 1)}

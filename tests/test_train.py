@@ -147,3 +147,59 @@ def test_agentgym_tasks_file_and_framing_train_one_step(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"training on the 3 tasks of {tasks}" in proc.stdout
     assert len(metrics(tmp_path / "run")) == 1
+
+
+def standin_run(args, log_dir, nproc=2):
+    """train.py under torchrun with every rank's generator a VLLMEngine in GPU mode around a CPU stand-in
+    for vLLM (tests/gpu_standin.py): sleep level 2 discards weights and KV cache, generate refuses to run
+    on either while it sleeps, every request carries its own seed. Returns (stdout, [calls of each rank])."""
+    log_dir.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
+           "tests/gpu_run.py", *args]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "GPU_STANDIN_LOG": str(log_dir)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    calls = [[json.loads(line) for line in (log_dir / f"rank{r}.jsonl").read_text().splitlines()] for r in range(nproc)]
+    return proc.stdout, calls
+
+
+@pytest.mark.slow
+def test_gpu_call_sequence_warm_start_and_evaluations(tmp_path):
+    """The GPU engine's call sequence with a warm start and an evaluation after every step: the engine
+    sleeps while the warm start trains beside it (on a GPU it would hold half the memory), the weights
+    come back by the sync, and every evaluation wakes the KV cache before generating (after a sync it
+    still sleeps: the evaluation used to fail there with "engine is asleep"). The sampler's logprobs of
+    the trained tokens match the trainer's, so the engine samples from the warm-started policy."""
+    pytest.importorskip("vllm")  # engine.VLLMEngine.generate builds vLLM's request objects
+    out = tmp_path / "run"
+    stdout, calls = standin_run(["--env", "babyai", "--bc-episodes", "4", "--bc-batch", "2", "--eval-every", "1",
+                                 "--eval-tasks", "2", "--steps", "2", "--horizon", "2", "--tasks-per-step", "2",
+                                 "--samples-per-task", "2", "--max-tokens", "8", "--out", str(out)], tmp_path / "calls")
+    lines = stdout.splitlines()
+    at = lambda needle: next(i for i, line in enumerate(lines) if needle in line)  # noqa: E731
+    first_call = next(i for i, line in enumerate(lines) if "[stand-in]" in line)
+    assert "[stand-in] sleep" in lines[first_call] and first_call < at("warm start:") < at("warm start done")
+    assert at("warm start done") < at("[stand-in] reload_weights") < at("[stand-in] generate")
+    for rank_calls in calls:
+        names = [c["call"] for c in rank_calls]
+        assert names[0] == "sleep" and names.count("sleep") == 3  # the warm start, then each step's update
+        assert names.count("reload_weights") == 3 and names.count("generate") > 0
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [0, 1] and all("eval/success" in r for r in rows)
+    assert "eval_start/success" in rows[0]
+    assert all(r["sampler_gap"] < 1e-3 for r in rows), [r["sampler_gap"] for r in rows]
+
+
+@pytest.mark.slow
+def test_no_two_replies_of_a_run_share_a_seed_when_groups_span_ranks(tmp_path):
+    """One task of 4 samples on 2 ranks: its group is split, 2 episodes on each rank. vLLM on a GPU seeds
+    every request on its own; seeded per rank as `base + rank + i`, rank 0's second episode and rank 1's
+    first got the same seed for the same task, and GRPO compared two identical samples. Every request
+    of every step and turn, on every rank, now has a seed of its own."""
+    pytest.importorskip("vllm")
+    _, calls = standin_run(["--env", "tests.toy:Digits", "--steps", "2", "--horizon", "2", "--tasks-per-step", "1",
+                            "--samples-per-task", "4", "--max-tokens", "6", "--out", str(tmp_path / "run")],
+                           tmp_path / "calls")
+    seeds = [s for rank_calls in calls for c in rank_calls if c["call"] == "generate" for s in c["seeds"]]
+    assert len(seeds) == 2 * 2 * 4 and None not in seeds  # steps x turns x episodes
+    assert len(set(seeds)) == len(seeds)
