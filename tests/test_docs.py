@@ -1,0 +1,51 @@
+"""The README and the docs pages: every relative link and image resolves (a file, and a heading when the
+link names one), every docs page is reachable from the README, and the README stays a guide (at most
+25,000 characters; the measurements live on the docs pages)."""
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def pages():
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors: lowercased, punctuation dropped, spaces to hyphens."""
+    out = set()
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", title)))
+    return out
+
+
+def links(path: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)  # code blocks hold no links
+    return [t for t in LINK.findall(text) if not re.match(r"[a-z]+:", t)]
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for page in pages():
+        for target in links(page):
+            file, _, anchor = target.partition("#")
+            dest = (page.parent / file).resolve() if file else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {(ROOT / t.partition("#")[0]).resolve() for t in links(ROOT / "README.md")}
+    orphans = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if p.resolve() not in linked]
+    assert not orphans, f"docs pages the README does not link: {orphans}"
+
+
+def test_readme_is_a_guide_not_a_notebook():
+    size = len((ROOT / "README.md").read_text())
+    assert size <= 25_000, f"README.md has {size} characters; move measurements to a docs/ page"
