@@ -87,6 +87,8 @@ class Config:
     dtype: str = doc("compute dtype: auto (bfloat16 on GPUs and on CPUs with AMX/AVX512-BF16, except the tiny "
                      "model), float32 or bfloat16; master weights and optimizer stay float32", "auto")
     checkpointing: bool = doc("activation checkpointing in the policy and critic", False)
+    shared_prefix: bool = doc("update: a group's common prompt runs once per micro-batch, its continuations attend "
+                              "to it (prefix.py; exact, the same gradient)", True)
     train_layers: int = doc("train only the top N decoder blocks and the final norm (embeddings, tied head and "
                             "lower blocks frozen; cheaper backward); 0: every parameter", 0)
     seed: int = doc("base seed; ranks, tasks and samples derive theirs from it", 0)

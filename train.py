@@ -94,11 +94,11 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
             norm = {"token-mean": tokens, "seq-mean-token-mean": seqs, "seq-sum-norm": seqs * cfg.max_context}[cfg.agg]
             live = [r for r in chunk if r not in silent]
             stats["skipped_rows"] += len(chunk) - len(live)
-            micro = micro_batches(live, lengths, cfg.micro_tokens)
+            micro = micro_batches(live, lengths, cfg.micro_tokens, batch if cfg.shared_prefix else None)
             for mb in pad(micro, reduce_max(len(micro))):
                 rows = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
-                lp, ent = forward(policy, batch, rows, cfg.temperature, entropy=True,
-                                  entropy_grad=cfg.entropy_coef > 0, width=None if mb else DUMMY_WIDTH)
+                lp, ent = forward(policy, batch, rows, cfg.temperature, entropy=True, entropy_grad=cfg.entropy_coef > 0,
+                                  width=None if mb else DUMMY_WIDTH, shared_prefix=cfg.shared_prefix, policy_only=True)
                 w = lp.shape[1]
                 m = mask[rows, :w].to(lp.device) * bool(mb)
                 old_mb = lp.detach() if old is None else old[rows, :w].to(lp.device)
@@ -124,7 +124,7 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
                 stats["clip_frac"] += float(pm["clip_frac"]) * float(m.sum()) / max(tokens, 1)
                 del lp, ent, loss, kl, ent_term  # free this micro-batch's graph before the next forward
                 if "critic" in models:
-                    v, _ = forward(models["critic"], batch, rows, 1.0, value=True, width=w)
+                    v, _ = forward(models["critic"], batch, rows, 1.0, value=True, width=w, shared_prefix=cfg.shared_prefix)
                     vl, _ = A.value_loss(v, values[rows, :w].to(v.device), returns[rows, :w].to(v.device), m,
                                          normalizer=tokens)
                     (vl * world).backward()

@@ -99,7 +99,7 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
             total = 0.0
             for mb in pad(micro, reduce_max(len(micro))):
                 rows = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
-                lp, _ = forward(model, batch, rows, 1.0, width=None if mb else DUMMY_WIDTH)
+                lp, _ = forward(model, batch, rows, 1.0, width=None if mb else DUMMY_WIDTH, policy_only=True)
                 m = mask[rows, :lp.shape[1]].to(lp.device) * bool(mb)
                 loss = -(lp * m).sum() / max(tokens, 1)
                 (loss * world).backward()  # FSDP2 averages gradients over ranks
