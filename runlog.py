@@ -1,12 +1,16 @@
 """What a run leaves behind for people: a progress bar, metrics.jsonl, TensorBoard (when installed),
 a reward curve with the ScalingInter horizon stages marked, the per-task outcomes of every in-training
-evaluation (evals.jsonl) and what produced the run (provenance.jsonl: git commit, CPU, versions).
+evaluation (evals.jsonl), what produced the run (provenance.jsonl: git commit, CPU, versions), a few
+episodes as the trainer saw them (episodes.jsonl: the tokens the loss trains on, the reward, each
+reply's advantage) and, at the end, the run report (report.html, runreport.py).
 
 Only rank 0 makes a RunLog; the numbers it gets are already reduced over ranks.
 """
 from __future__ import annotations
 
+import base64
 import ctypes
+import io
 import json
 from importlib import metadata
 import resource
@@ -102,6 +106,114 @@ def log_outcomes(path: str | Path, step: int, name: str, episodes, subtask) -> N
             f.write("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def memory_metrics() -> dict:
+    """The largest rank's resident set and live C heap after the step's frees (bench/soak.py's leak check).
+    glibc keeps most freed memory (its mmap threshold rises to 32 MB as tensors are freed, so later ones
+    come from its arenas), and the RSS of a rank then swings by 300-600 MB a step over a floor that creeps
+    up; trimmed first (`--trim-heap`), it follows the live heap. A collective."""
+    import torch
+    import torch.distributed as dist
+
+    out = {}
+    mem = memory_mb()
+    peak = torch.tensor([mem["rss_mb"], mem["heap_mb"]], dtype=torch.float64)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    for key, value in zip(("mem/rss_mb", "mem/heap_mb"), peak.tolist()):
+        if value == value:  # not NaN: no reading off Linux or glibc
+            out[key] = value
+    return out
+
+
+# ------------------------------------------------------------------ episodes as the trainer saw them
+# At step 0, at every evaluation step and at the last step, rank 0 keeps its first few episodes of the
+# step: the token sequence as segments of decoded text with the loss-mask bit of their tokens (a run
+# of mask-1 tokens is one reply, sampled tokens and end-of-turn token; mask 0 is the prompt, role
+# headers and observations), each reply's advantage (the GRPO/RLOO scalar, or for per-token
+# estimators the mean over the reply's tokens), the reward; for a browser env, a small JPEG of the
+# final page of one of them. runreport.py shows them.
+
+EPISODES_KEPT = 3        # episodes logged per logging step
+CONTEXT_CHARS = 2000     # a mask-0 segment (instruction, observation) longer than this is cut in its middle
+SHOT_WIDTH = 640         # pixels: the screenshot is scaled down to this width
+
+
+def episode_step(step: int, steps: int, eval_every: int) -> bool:
+    """Whether `step` (0-based) is one whose episodes are logged: the first, each evaluation, the last."""
+    return step == 0 or step + 1 == steps or bool(eval_every and (step + 1) % eval_every == 0)
+
+
+def _cut(text: str, chars: int = CONTEXT_CHARS) -> str:
+    if len(text) <= chars:
+        return text
+    return text[:chars // 2] + f"\n[... {len(text) - chars} characters cut ...]\n" + text[-chars // 2:]
+
+
+def episode_record(step: int, slot: int, episode, mask, adv, tokenizer) -> dict:
+    """One episode as the loss sees it. `mask` and `adv`: its row of the batch's loss mask and
+    advantages, aligned with `episode.ids` (entry t belongs to token t), so a mask-1 segment is exactly
+    what was trained on (none for an episode whose env failed: collate zeroes its mask)."""
+    ids = list(episode.ids)
+    bits = [int(m > 0) for m in (mask.tolist() if hasattr(mask, "tolist") else mask)[:len(ids)]]
+    segments, start = [], 0
+    for t in range(1, len(ids) + 1):
+        if t == len(ids) or bits[t] != bits[start]:
+            text = tokenizer.decode(ids[start:t], skip_special_tokens=False)
+            if bits[start]:  # a reply: its tokens' mean advantage (every token's, for GRPO/RLOO)
+                segments.append({"text": text, "trained": 1, "tokens": t - start,
+                                 "advantage": round(float(adv[start:t].float().mean()), 5)})
+            else:
+                segments.append({"text": _cut(text), "trained": 0, "tokens": t - start})
+            start = t
+    return {"step": step, "slot": slot, "task_id": episode.task_id, "group": episode.group,
+            "reward": round(float(episode.reward), 6), "success": bool(episode.success), "turns": episode.turns,
+            "end": episode.end, "error": episode.error[:300],
+            "advantages": [s["advantage"] for s in segments if s["trained"]], "segments": segments}
+
+
+def screenshot(env, width: int = SHOT_WIDTH) -> str | None:
+    """A small JPEG (base64) of a browser env's current page, or None for an env without a browser page."""
+    view = getattr(env, "view", None)
+    if not hasattr(view, "screenshot"):
+        return None
+    import tempfile
+
+    from PIL import Image
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "page.png"
+        try:
+            view.screenshot(str(path))
+        except Exception as exc:  # noqa: BLE001 - an illustration only: a page that cannot be shot is left out
+            print(f"\nnote: no screenshot of the page ({type(exc).__name__}: {exc})", flush=True)
+            return None
+        image = Image.open(path).convert("RGB")
+    image.thumbnail((width, 4 * width))
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", quality=70)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def log_episodes(out: str | Path, step: int, cfg, episodes, batch: dict, adv, tokenizer, envs,
+                 keep: int = EPISODES_KEPT) -> None:
+    """At a logging step (`episode_step`), rank 0 appends its first `keep` episodes to out/episodes.jsonl
+    (`episode_record`), the first that ended normally with a screenshot when its env (`envs[i]` played
+    episode i and still shows its last page) has a browser. Call it before anything resets the envs."""
+    import torch.distributed as dist
+
+    if not episode_step(step, cfg.steps, cfg.eval_every) or (dist.is_initialized() and dist.get_rank() != 0):
+        return
+    rows = [episode_record(step, i, episodes[i], batch["mask"][i], adv[i], tokenizer)
+            for i in range(min(keep, len(episodes)))]
+    for i, row in enumerate(rows):
+        if row["end"] != "env_error" and i < len(envs):
+            shot = screenshot(envs[i])
+            if shot:
+                row["screenshot"] = shot
+                break
+    with open(Path(out) / "episodes.jsonl", "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
 class RunLog:
     def __init__(self, out: str | Path, total_steps: int, start_step: int, schedule):
         from tqdm import tqdm
@@ -135,6 +247,11 @@ class RunLog:
         if self.tb:
             self.tb.close()
         plot_rewards(self.out / "metrics.jsonl", self.out / "reward.png", self.schedule)
+        try:
+            import runreport
+            print(f"report: {runreport.write(self.out)}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a finished run never fails on its report
+            print(f"report: not written ({type(exc).__name__}: {exc}); try python report.py {self.out}", flush=True)
 
 
 def plot_rewards(metrics_file: Path, png: Path, schedule) -> None:
