@@ -5,6 +5,7 @@ same tasks; result folders (results/<name>/) and the tables regenerated from the
 
     python report.py --publish runs/babyai-smollm2 results/babyai-smollm2 untrained=runs/.../eval-untrained ...
     python report.py results/babyai-smollm2          # every table of that folder, from its files only
+    python report.py runs/babyai-grpo [LABEL=EVAL_DIR ...]   # the run's report.html (runreport.py)
 
 Pure functions of episode records, dicts with task_id, subtask, budget, reward, success, turns, end;
 evaluate.py produces them and calls these. docs/evaluation.md says why the intervals are paired and
@@ -418,7 +419,18 @@ USAGE = """usage:
   python report.py results/NAME                      the tables of a result folder, from its files only
   python report.py --publish RUN_DIR results/NAME [LABEL=EVAL_DIR ...]
                                                      make a result folder (RUN_DIR: train.py's --out, or -)
+  python report.py RUN_DIR [LABEL=EVAL_DIR ...]     RUN_DIR/report.html: curves, tables, episodes (runreport.py)
   python report.py LABEL=EVAL_DIR [LABEL=EVAL_DIR ...]   before/after table of evaluate.py outputs"""
+
+
+def load_evals(dirs: list[tuple[str, Path]]) -> tuple[list[tuple[str, dict]], list[tuple[str, list[dict]]]]:
+    """(label, results.json) and (label, episode records) of evaluate.py output directories."""
+    from evaluate import load_transcripts
+
+    results = [(label, json.loads((d / "results.json").read_text())) for label, d in dirs]
+    records = [(label, load_transcripts(d / "transcripts.jsonl", r["config"]["k"])[0])
+               for (label, d), (_, r) in zip(dirs, results)]
+    return results, records
 
 
 def main(args: list[str]) -> None:
@@ -429,17 +441,17 @@ def main(args: list[str]) -> None:
             raise SystemExit(USAGE)
         evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in args[3:])]
         print(publish(None if args[1] == "-" else Path(args[1]), Path(args[2]), evals), end="")
+    elif "=" not in args[0] and (Path(args[0]) / "metrics.jsonl").exists() and all("=" in a for a in args[1:]):
+        import runreport
+        evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in args[1:])]
+        print(f"report: {runreport.write(Path(args[0]), evals)}")
     elif len(args) == 1 and "=" not in args[0]:
         if not (Path(args[0]) / "manifest.json").exists():
-            raise SystemExit(f"error: {args[0]} has no manifest.json: not a result folder (make one with --publish)")
+            raise SystemExit(f"error: {args[0]} has no manifest.json: not a result folder (make one with --publish); "
+                             "nor a run directory (no metrics.jsonl)")
         print(render(Path(args[0])), end="")
     elif all("=" in a for a in args):
-        from evaluate import load_transcripts
-
-        dirs = [(label, Path(d)) for label, d in (a.split("=", 1) for a in args)]
-        results = [(label, json.loads((d / "results.json").read_text())) for label, d in dirs]
-        records = [(label, load_transcripts(d / "transcripts.jsonl", r["config"]["k"])[0])
-                   for (label, d), (_, r) in zip(dirs, results)]
+        results, records = load_evals([(label, Path(d)) for label, d in (a.split("=", 1) for a in args)])
         print("\n".join([compare(results), *paired_table(records)]))
     else:
         raise SystemExit(USAGE)
