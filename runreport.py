@@ -82,19 +82,22 @@ def series(metrics: dict, key: str) -> list[tuple[float, float]]:
 
 
 def _num(v: float) -> str:
-    if v == 0:
-        return "0"
-    if abs(v) >= 100:
-        return f"{v:.0f}"
-    if abs(v) >= 1:
-        return f"{v:.2f}".rstrip("0").rstrip(".")
-    return f"{v:.3g}"
+    return f"{v:.4g}"
+
+
+def ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About `n` round values (steps of 1, 2, 2.5 or 5 times a power of ten) inside [lo, hi]."""
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step - 1e-9)
+    return [round((first + i) * step, 12) for i in range(int((hi - first * step) / step + 1e-9) + 1)]
 
 
 def chart(key: str, title: str, pts: list[tuple[float, float]], sched, xmax: int,
-          width: int = 380, height: int = 220) -> str:
-    """One curve as an SVG figure: stage bands behind, y grid with 5 ticks, points with a tooltip each."""
-    left, right, top, bottom = 52, 12, 24, 30
+          width: int = 280, height: int = 196) -> str:
+    """One curve as an SVG figure: stage bands behind, a y grid at round values, points with a tooltip each."""
+    left, right, top, bottom = 44, 10, 8, 30
     w, h = width - left - right, height - top - bottom
     ys = [y for _, y in pts]
     lo, hi = (min(ys), max(ys)) if ys else (0.0, 1.0)
@@ -117,8 +120,7 @@ def chart(key: str, title: str, pts: list[tuple[float, float]], sched, xmax: int
             out.append(f'<rect class="stage" x="{sx(a):.1f}" y="{top}" width="{max(sx(b) - sx(a), 0):.1f}" '
                        f'height="{h}" fill="{STAGE_FILL[min(i, len(STAGE_FILL) - 1)]}"/>'
                        f'<text x="{sx(a) + 3:.1f}" y="{top + 11}" class="lab">{budget} turn{"s" * (budget != 1)}</text>')
-    for i in range(5):
-        y = lo + (hi - lo) * i / 4
+    for y in ticks(lo, hi):
         out.append(f'<line x1="{left}" x2="{left + w}" y1="{sy(y):.1f}" y2="{sy(y):.1f}" class="grid"/>'
                    f'<text x="{left - 4}" y="{sy(y) + 3:.1f}" class="tick" text-anchor="end">{_num(y)}</text>')
     every = max(1, math.ceil(xmax / 8))
@@ -265,7 +267,7 @@ body {{ font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 12
 h1 {{ font-size: 1.4em; }} h2 {{ border-bottom: 1px solid #ccc; margin-top: 1.6em; }} h3 {{ font-size: 1.05em; }}
 code, pre {{ font: 12px/1.4 ui-monospace, monospace; }}
 .charts {{ display: flex; flex-wrap: wrap; gap: 10px; }}
-.chart {{ margin: 0; border: 1px solid #ddd; padding: 4px; }} .chart figcaption {{ font-size: 12px; font-weight: 600; }}
+.chart {{ margin: 0; border: 1px solid #ddd; padding: 4px; width: min-content; }} .chart figcaption {{ font-size: 12px; font-weight: 600; }}
 .grid {{ stroke: #eee; }} .frame {{ fill: none; stroke: #999; }} .tick, .lab {{ font-size: 10px; fill: #555; }}
 .lab {{ fill: #2a6b2a; }} .curve {{ fill: none; stroke: #1f5fa8; stroke-width: 1.6; }} .pt {{ fill: #1f5fa8; }}
 table {{ border-collapse: collapse; margin: .5em 0 1em; }} th, td {{ border: 1px solid #ccc; padding: 2px 7px; text-align: right; }}
