@@ -177,7 +177,7 @@ def screenshot(env, width: int = SHOT_WIDTH) -> str | None:
         return None
     import tempfile
 
-    from PIL import Image
+    from PIL import Image, ImageChops
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "page.png"
@@ -187,6 +187,9 @@ def screenshot(env, width: int = SHOT_WIDTH) -> str | None:
             print(f"\nnote: no screenshot of the page ({type(exc).__name__}: {exc})", flush=True)
             return None
         image = Image.open(path).convert("RGB")
+    # cut away a plain margin of the background colour (MiniWoB++'s 160 x 210 task on a grey page)
+    plain = Image.new("RGB", image.size, image.getpixel((image.width - 1, image.height - 1)))
+    image = image.crop(ImageChops.difference(image, plain).getbbox() or (0, 0, *image.size))
     image.thumbnail((width, 4 * width))
     buf = io.BytesIO()
     image.save(buf, "JPEG", quality=70)
