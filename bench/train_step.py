@@ -61,6 +61,10 @@ closes every phase, so that no phase holds another rank's lag behind its first c
   time and by CPU time (process_time: the plain step runs while the other ranks idle, so on a shared
   machine it meets less contention; CPU time, the slowest rank's for ours, is the fairer figure there),
   and the plain step's peak memory above what rank 0 held before it (its full logits included).
+- with `--shared-prefix both`: the update with and without train.py's `--shared-prefix`, each step run
+  twice (plain and shared, alternating which goes first, so that load changes hit both), seconds, CPU
+  seconds and tokens/s of each and their ratio, and the micro-batches per rank of each packing
+  (docs/performance.md).
 `--json PATH` also writes these figures (bench/memory_plan.py --compare reads the memory ones).
 """
 from __future__ import annotations
@@ -139,13 +143,15 @@ def model_dir(args, rank: int) -> tuple[str, str | None]:
 
 def synthetic(args, allowed: list[int]) -> list[Episode]:
     """The whole step's episodes (identical on every rank); each rank takes its contiguous share.
-    Token ids are drawn from `allowed`."""
+    Token ids are drawn from `allowed`. The episodes of a group share their prompt token for token, as
+    rollout.py's do (the instruction and the task's first observation)."""
     rng = random.Random(args.seed)
     token = lambda: allowed[rng.randrange(len(allowed))]  # noqa: E731
     out = []
     for i in range(args.episodes):
-        p = args.prompt + rng.randint(-args.prompt // 10, args.prompt // 10)
-        ep = Episode(i // args.samples, i // args.samples, [token() for _ in range(p)], p)
+        if i % args.samples == 0:
+            prompt = [token() for _ in range(args.prompt + rng.randint(-args.prompt // 10, args.prompt // 10))]
+        ep = Episode(i // args.samples, i // args.samples, list(prompt), len(prompt))
         done = args.done_share >= 1 or rng.random() < args.done_share
         turns = rng.randint(1, args.turns) if done else args.turns
         for turn in range(turns):
@@ -343,6 +349,9 @@ def main() -> None:
     parser.add_argument("--kl-coef", type=float, default=0.001, help="0 drops the reference model")
     parser.add_argument("--micro-tokens", type=int, default=16384, help="token budget of one micro-batch")
     parser.add_argument("--no-plain", action="store_true", help="skip the plain transformers comparison")
+    parser.add_argument("--shared-prefix", choices=("on", "off", "both"), default="on",
+                        help="train.update's --shared-prefix; both: every step twice, off and on in alternating "
+                             "order, the two updates compared side by side (the rest is reported for on)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic episodes")
     parser.add_argument("--json", help="also write the printed figures to this JSON file")
     args = parser.parse_args()
@@ -402,16 +411,20 @@ def main() -> None:
 
     mine = episodes[rank * share:(rank + 1) * share]
     pad_id = tokenizer.pad_token_id or 0
-    sums = {k: 0.0 for k in PHASES}
+    variants = {"on": [True], "off": [False], "both": [False, True]}[args.shared_prefix]
+    by_variant = {v: {k: 0.0 for k in PHASES} for v in variants}
     for r in range(args.repeats + 1):  # step 0 is the warm-up: FSDP2 lazy init, allocator, first calls
         if r == 1:
             mem["step"] = 0.0  # the timed steps' peak: Adam moments exist from the first optimizer step on
-        times = step(policy, ref, opt, plain, engine, cfg, d, args, mine, pad_id, world, mem)
-        slowest = torch.tensor([times[k] for k in PHASES], dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        if r:
-            for k, v in zip(PHASES, slowest.tolist()):
-                sums[k] += v / args.repeats
+        for shared in variants[::1 if r % 2 else -1]:  # alternating order: neither always runs first
+            times = step(policy, ref, opt, plain, engine, dataclasses.replace(cfg, shared_prefix=shared), d, args,
+                         mine, pad_id, world, mem)
+            slowest = torch.tensor([times[k] for k in PHASES], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            if r:
+                for k, v in zip(PHASES, slowest.tolist()):
+                    by_variant[shared][k] += v / args.repeats
+    sums = by_variant[variants[-1]]
     mem["max"] = maxrss_mb()
 
     lengths = torch.tensor([len(e.ids) for e in mine])
@@ -421,11 +434,14 @@ def main() -> None:
     max_slots = distributed.all_max(max(len(mb) * int(lengths[mb].max()) for mb in micro))
     masked, total, slots, real, empty = distributed.all_sum(sum(sum(e.mask) for e in mine), sum(len(e.ids) for e in mine),
                                                       slots, real, n_micro - len(micro))
+    n_shared = distributed.all_max(len(batch_.micro_batches(list(range(len(mine))), lengths, cfg.micro_tokens,
+                                                           batch_.collate(mine, pad_id))))
     mems = [None] * world
     dist.all_gather_object(mems, mem)
     mine0 = episodes[:share]
     if rank == 0:
         figures = dict(args=vars(args), world=world, params=params, phases=sums, memory=mems,
+                       shared_prefix={str(k): v for k, v in by_variant.items()}, micro_shared=n_shared,
                        masked=masked, total=total, slots=slots, real=real, max_slots=max_slots,
                        micro_per_rank=n_micro, empty_micro=empty,
                        masked0=sum(sum(e.mask) for e in mine0), total0=sum(len(e.ids) for e in mine0),
@@ -497,6 +513,18 @@ def report(args, f, config) -> None:
         print(f"rank 0 also holds the plain baseline from its first run on: {mems[0]['plain_resident']:.0f} MB of fp32 "
               f"weights and AdamW moments (in rank 0's 'timed steps' column); its step peaks "
               f"{mems[0]['plain']:.0f} MB above what rank 0 held before it (its full logits included)")
+    if len(f["shared_prefix"]) == 2:
+        off, on = f["shared_prefix"]["False"], f["shared_prefix"]["True"]
+        print(f"\n# the update with and without --shared-prefix, interleaved in this run ({args.repeats} steps each, "
+              "the slowest rank's)")
+        rows = [("update", "s/step", "CPU s/step", "policy tokens/s", "all tokens/s")]
+        for name, s_ in (("plain (--no-shared-prefix)", off), ("shared prefix", on)):
+            rows.append((name, f"{s_['update']:.2f}", f"{s_['update_cpu']:.2f}", f"{masked / s_['update']:.0f}",
+                         f"{total / s_['update']:.0f}"))
+        print(table(rows))
+        print(f"update tokens/s, shared prefix / plain: {off['update'] / on['update']:.2f} (wall), "
+              f"{off['update_cpu'] / on['update_cpu']:.2f} (CPU time); micro-batches per rank (the most): "
+              f"{f['micro_shared']} shared-prefix (a group's prompt once, no padding), {f['micro_per_rank']} plain")
     if args.no_plain:
         return
     total0, masked0 = f["total0"], f["masked0"]
