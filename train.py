@@ -48,7 +48,7 @@ from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
 from distributed import all_max, all_sum, load, setup_distributed, sync
 from engine import make_engine
 from rollout import ChatFormat, abandoned, rollout
-from runlog import RunLog, log_outcomes, memory_mb, trim_heap
+from runlog import RunLog, log_episodes, log_outcomes, memory_metrics, trim_heap
 from models import resolve_model
 
 RANK = int(os.environ.get("RANK", 0))
@@ -247,6 +247,9 @@ def main(argv=None):
     if cfg.algo == "ppo":
         critic = models["critic"] = load(AutoModelForTokenClassification, str(resume_from / "critic") if resume_from
                                          else base, mesh, d.dtype, cfg.checkpointing, num_labels=1)
+        for module in critic.modules():  # the value head's dropout (0.1 by default) would make values noisy
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
         optimizers["critic"] = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
     start = checkpoint.load_training_state(resume_from, models, optimizers, rank, world) if resume_from else 0
     done_updates = start * cfg.ppo_epochs * cfg.mini_batches  # warmup position is a function of the step too
@@ -323,6 +326,7 @@ def main(argv=None):
         # (3) advantages
         token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * mask if kl_in_reward else None
         adv, returns = global_advantages(cfg, d, batch, values, token_kl)
+        log_episodes(out, step, cfg, episodes, batch, adv, tokenizer, env_pool)  # a few, at eval steps (runlog.py)
 
         # (4) updates: epochs x mini-batches x micro-batches, losses over the global token count
         t = time.perf_counter()
@@ -352,10 +356,10 @@ def main(argv=None):
                    "per token; the engine's weights may not match the policy (check the weight sync)")
         metrics["lr"] = schedulers["policy"].get_last_lr()[0]
         timing["time/step"] = time.perf_counter() - t0
-        if cfg.trim_heap:  # see _memory_metrics
+        if cfg.trim_heap:  # see runlog.memory_metrics
             timing["time/trim"] = trim_heap()
         metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
-        metrics.update(_memory_metrics())
+        metrics.update(memory_metrics())
         last = step + 1 == cfg.steps
         if evaluate_now and ((step + 1) % cfg.eval_every == 0 or last):
             t = time.perf_counter()
@@ -439,21 +443,6 @@ def _rollout_metrics(episodes, horizon: int) -> dict:
     return {"reward": sum(r[0] for r in rows) / n, "success": sum(r[1] for r in rows) / n,
             "turns": sum(r[2] for r in rows) / n, "response_tokens": sum(r[3] for r in rows) / n,
             "horizon": horizon, **{f"end/{k}": v for k, v in ends.items()}}
-
-
-def _memory_metrics() -> dict:
-    """The largest rank's resident set and live C heap after the step's frees (bench/soak.py's leak check).
-    glibc keeps most freed memory (its mmap threshold rises to 32 MB as tensors are freed, so later ones
-    come from its arenas), and the RSS of a rank then swings by 300-600 MB a step over a floor that creeps
-    up; trimmed first (`--trim-heap`), it follows the live heap."""
-    out = {}
-    mem = memory_mb()
-    peak = torch.tensor([mem["rss_mb"], mem["heap_mb"]], dtype=torch.float64)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    for key, value in zip(("mem/rss_mb", "mem/heap_mb"), peak.tolist()):
-        if value == value:  # not NaN: no reading off Linux or glibc
-            out[key] = value
-    return out
 
 
 if __name__ == "__main__":
