@@ -1,9 +1,8 @@
 """A headless Chromium shared by many environments, seen and driven the way WebArena does it.
 
-`Browser` is one Chromium process (Debian's `chromium`, driven by Playwright through
-`executable_path`), shared by every environment of the process; each environment owns a `Context`,
-one browser context (its own cookies and tabs), so 16-32 concurrent episodes cost one browser. Playwright
-runs on a private event-loop thread and the contexts call into it, so envs stepped from a thread pool
+Each environment owns a `Context`, one browser context (its own cookies and tabs) of the process's one
+Chromium (envs/chromium.py: `Browser`, `shared`), so 16-32 concurrent episodes cost one browser. The
+contexts call into Playwright's private event-loop thread, so envs stepped from a thread pool
 (rollout.py) share the browser safely. A browser that died (killed, crashed) is launched again at the
 next `Context.open` (the env's reset); a step on a dead browser returns an error text instead.
 
@@ -18,16 +17,9 @@ Departures: `type` replaces the field's text (WebArena appends), as the text ren
 `url` property of the root is left out (newer Chrome than WebArena's; the URL line has it).
 
 The agent's actions are untrusted model output, so a context reaches only its `origins` (the task's
-sites, as scheme://host:port) and about:blank, in three layers (docs/web.md):
-1. `goto` refuses any other address before the browser sees it (file:, data:, chrome:, view-source:,
-   javascript:, another host or port), with an error text that lists the allowed sites.
-2. In the browser, for every request of the context (navigations, frames, redirects, scripts, images,
-   fetches, WebSockets, popups): the context's proxy is a local server that refuses everything (`_Refuse`,
-   403 and a "Refused" page), and only the allowed origins bypass it. Playwright's `route` is not used
-   for this: it never sees a redirect's next hop (measured: a 302 to another host was followed).
-   Service workers are blocked, downloads refused.
-3. After each action and before each observation, a tab whose address is neither allowed nor the
-   proxy's refusal (e.g. a non-network scheme) is replaced by a blank page with the refusal text.
+sites) and about:blank: envs/sandbox.py holds them and the three layers that keep it there (`goto`
+refuses other addresses; a refusing proxy that only the allowed origins bypass; a tab left elsewhere is
+blanked after each action and before each observation).
 Before each observation the page is let settle (`_quiet`): until no short timer (<= 1 s) is pending
 and the DOM has not changed for 40 ms, at most 1.5 s, so that what a page shows a moment after an
 action (an autocomplete's list) is in the observation that action returns.
@@ -36,24 +28,17 @@ Tested through tests/test_browser.py (drop-downs and settling: tests/test_miniwo
 from __future__ import annotations
 
 import asyncio
-import html
-import http.server
 import itertools
-import os
-import shutil
-import threading
 import time
 from typing import Callable, Iterable
-from urllib.parse import urlsplit
 
-import psutil
 from playwright.async_api import Error as PlaywrightError
-from playwright.async_api import async_playwright
 
 from . import axtree
+from .chromium import Browser, shared
+from .sandbox import Sandbox
 
 MAX_TABS = 10
-_lock = threading.Lock()
 _MODIFIERS = {"ctrl": "Control", "control": "Control", "alt": "Alt", "shift": "Shift", "meta": "Meta",
               "cmd": "Meta", "command": "Meta"}
 _KEYS = {k.lower(): k for k in ["Enter", "Tab", "Escape", "Backspace", "Delete", "Space", "Home", "End", "PageUp",
@@ -74,10 +59,6 @@ _MARK = """function(mark) {
 }"""
 
 
-REFUSED_TITLE = "Refused: outside the task's sites"
-_REFUSED = ("<!doctype html><title>" + REFUSED_TITLE + "</title><h1>" + REFUSED_TITLE + "</h1>"
-            "<p>The browser refused {url}: an episode may visit only the sites of its task. Go back, or open one "
-            "of the task's sites.</p>")
 QUIET_MS, QUIET_MAX_S, SHORT_TIMER_MS = 40, 1.5, 1000
 
 # In every frame before its own scripts: count pending short timers and note the time of the last DOM
@@ -100,52 +81,6 @@ _WATCH = """(() => {
     .observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
   window.__waQuiet = () => [pending.size, performance.now() - last];
 })()""" % SHORT_TIMER_MS
-
-
-def origin(url: str) -> str | None:
-    """scheme://host:port of an http(s) URL (the default port written out), else None."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    except ValueError:  # e.g. a port that is no number
-        return None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
-    return f"{parts.scheme}://{parts.hostname}:{port}"
-
-
-class _Refuse(http.server.BaseHTTPRequestHandler):
-    """The proxy of every context: it answers every request with 403 and the refusal page, and
-    forwards nothing. Allowed origins bypass it, so whatever reaches it is outside the task."""
-
-    def _refuse(self):
-        body = _REFUSED.format(url=html.escape(self.path[:300])).encode()
-        self.send_response(403)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command not in ("HEAD", "CONNECT"):  # Chrome shows its own error page for a refused tunnel
-            self.wfile.write(body)
-
-    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = do_CONNECT = _refuse
-
-    def log_message(self, *args):
-        pass
-
-
-_refuser: http.server.ThreadingHTTPServer | None = None
-
-
-def refuser() -> str:
-    """The address of the process's one refusing proxy (started on first use)."""
-    global _refuser
-    with _lock:
-        if _refuser is None:
-            _refuser = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuse)
-            _refuser.daemon_threads = True
-            threading.Thread(target=_refuser.serve_forever, name="refusing-proxy", daemon=True).start()
-        return f"http://127.0.0.1:{_refuser.server_address[1]}"
 
 
 # What covers the centre of an element (where a click lands), or null when the element itself would get
@@ -171,62 +106,6 @@ _TOGGLE = """o => {
 }"""
 
 
-def chromium_path() -> str:
-    path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if not path:
-        raise RuntimeError("Chromium is not installed: run `apt-get install -y chromium` (as root; Debian's package), "
-                           "or set CHROMIUM=/path/to/chrome. Playwright's own browser download is not used.")
-    return path
-
-
-class Browser:
-    """One Chromium process and the event-loop thread that drives it."""
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="browser-loop", daemon=True).start()
-        self._playwright = self._chromium = None
-        self._launch = asyncio.Lock()
-        self.launches = 0
-
-    def run(self, coro, timeout: float = 120.0):
-        """Run a coroutine on the browser's loop from any thread and return its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    async def chromium(self):
-        """The live browser, launched (again) when there is none or it died."""
-        async with self._launch:  # many contexts resetting at once must not launch many browsers
-            if self._chromium is None or not self._chromium.is_connected():
-                if self._playwright is None:
-                    self._playwright = await async_playwright().start()
-                self._chromium = await self._playwright.chromium.launch(
-                    executable_path=chromium_path(), headless=True,
-                    args=["--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"])
-                self.launches += 1
-            return self._chromium
-
-    def pid(self) -> int | None:
-        """The browser's process id (for tests that kill it): the Chromium process that is no child type."""
-        for child in psutil.Process().children(recursive=True):
-            try:
-                if "chrom" in child.name() and "--type=" not in " ".join(child.cmdline()):
-                    return child.pid
-            except psutil.NoSuchProcess:
-                continue
-        return None
-
-
-_shared: Browser | None = None
-
-
-def shared() -> Browser:
-    global _shared
-    with _lock:
-        if _shared is None:
-            _shared = Browser()
-        return _shared
-
-
 class Context:
     """One browser context: tabs, cookies, and the ids of the last observation."""
 
@@ -234,9 +113,7 @@ class Context:
                  viewport_only: bool = True, to_local: Callable[[str], str] = str, to_public: Callable[[str], str] = str,
                  stable_ids: bool = False, origins: Iterable[str] = (), exact: bool = True):
         self.browser = browser or shared()
-        # The only origins this context may reach (local addresses, as the browser sees them), besides
-        # about:blank. None given: no site at all.
-        self.origins = {o for o in map(origin, origins) if o}
+        self.sandbox = Sandbox(origins, to_public)  # the only sites it may reach (envs/sandbox.py)
         self.exact = exact  # WebArena's text rules exactly (axtree.render); False: MiniWoB++'s exceptions
         self.viewport = {"width": width, "height": height}
         self.viewport_only, self.to_local, self.to_public = viewport_only, to_local, to_public
@@ -261,12 +138,8 @@ class Context:
         await self._close()
         self._numbers = {}
         chromium = await self.browser.chromium()
-        # Every request goes to the refusing proxy unless its origin is allowed (Chrome's bypass rules match
-        # host and port; Playwright removes Chrome's implicit bypass of loopback addresses, tested).
-        bypass = ",".join(sorted(o.split("://", 1)[1] for o in self.origins))
-        self.context = await chromium.new_context(
-            viewport=self.viewport, storage_state=storage_state, service_workers="block", accept_downloads=False,
-            proxy={"server": refuser(), "bypass": bypass})
+        self.context = await chromium.new_context(viewport=self.viewport, storage_state=storage_state,
+                                                  **self.sandbox.context_options())
         await self.context.add_init_script(_WATCH)
         self.context.set_default_timeout(10000)  # a stuck action is an error text, not a hang (10 s: a busy machine is slow)
         self.context.set_default_navigation_timeout(20000)
@@ -276,7 +149,7 @@ class Context:
         for address in url.split(" |AND| "):  # a WebArena task may open several tabs; the first is current
             self.pages.append(await self._new_page())
             await self._goto(self.pages[-1], address.strip())
-        await self._guard()
+        await self.sandbox.guard(self.pages)
         await self.page.bring_to_front()
 
     def close(self) -> None:
@@ -325,39 +198,8 @@ class Context:
         try:
             said = await getattr(self, "_" + name)(*args) or ""
         finally:
-            refused = await self._guard()
+            refused = await self.sandbox.guard(self.pages)
         return "; ".join(filter(None, [said, refused]))
-
-    # ------------------------------------------------------------------ the allowed sites
-    def allowed(self, url: str) -> bool:
-        return url == "about:blank" or origin(url) in self.origins
-
-    def refusal(self, url: str) -> str:
-        sites = ", ".join(sorted(self.to_public(o.rsplit(":", 1)[0] if o.endswith(":80") else o) for o in self.origins))
-        if url.startswith("chrome-error:"):  # Chrome's error page: a site that is down, or a refused https address
-            what = "the page could not be loaded (an address outside this task's sites is refused)"
-        else:
-            what = f"refused: {self.to_public(url)[:200]} is outside this task's sites"
-        return f"{what}; an episode may visit only {sites or 'no site'}"
-
-    async def _guard(self) -> str:
-        """The last line: a tab at an address outside the allowed origins that is not the proxy's refusal
-        page (a non-network scheme, Chrome's error page) is replaced by a blank page with the refusal.
-        Returns what was refused, for the action's error text."""
-        said = []
-        for page in self.pages:
-            url = page.url
-            if self.allowed(url):
-                continue
-            said.append(self.refusal(url))
-            try:
-                refused_page = url.startswith(("http:", "https:")) and await page.title() == REFUSED_TITLE
-            except PlaywrightError:
-                refused_page = False
-            if not refused_page:
-                await page.goto("about:blank")
-                await page.set_content(_REFUSED.format(url=html.escape(url[:300])))
-        return "; ".join(said)
 
     def alive(self) -> bool:
         chromium = self.browser._chromium
@@ -374,7 +216,7 @@ class Context:
             return "Tab 0 (current): ", f"The page cannot be read: {str(error).splitlines()[0][:200]}", "about:blank"
 
     async def _observe(self):
-        await self._guard()
+        await self.sandbox.guard(self.pages)
         await self._quiet(self.page)
         titles = []
         for i, page in enumerate(self.pages):
@@ -536,8 +378,8 @@ class Context:
 
     async def _go(self, url: str):
         local = self.to_local(url)
-        if not self.allowed(local):  # the first line: the browser never sees the address
-            return self.refusal(local)
+        if not self.sandbox.allowed(local):  # the first line: the browser never sees the address
+            return self.sandbox.refusal(local)
         return await self._goto(self.page, url)
 
     async def _go_back(self):

@@ -48,7 +48,7 @@ Departures from MiniWoB++:
   stable_ids), not Chrome's DOM node ids, which differ between contexts for the same page.
 - Data mode "train" (`core.setDataMode`, which a few -nl and -turk pages read) for both splits; our
   splits are by seed.
-- The pages' own server is the only site an episode reaches (browser.py, docs/web.md).
+- The pages' own server is the only site an episode reaches (sandbox.py, docs/web.md).
 
 90 of the 130 pages are offered. Left out (LEFT_OUT, with the reason; docs/web.md lists them):
 dragging and text selection (drag-*, daily-calendar, highlight-text*, resize-textarea, text-editor);

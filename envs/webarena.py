@@ -35,7 +35,7 @@ and tasks are generated (a few hundred tasks, about 35 templates) instead of the
 ones; `type` replaces a field's text instead of appending to it; with the text backend no site is ever
 fetched (a URL outside the simulated hosts gets an error page). In the browser an episode reaches only
 its sites (the local servers, or the configured WebArena sites): any other address, scheme or host is
-refused for every request, with a clear observation (envs/browser.py, docs/web.md).
+refused for every request, with a clear observation (envs/sandbox.py, docs/web.md).
 Test: `python -m pytest tests/test_webarena.py tests/test_browser.py tests/test_webarena_configs.py
 tests/test_webarena_812.py`.
 """
@@ -200,7 +200,7 @@ class WebArena:
                 origins = [f"http://127.0.0.1:{port}" for port in self.server.ports.values()]
             else:
                 origins = list(self.configs.sites.values())
-            # The episode may reach its sites only (browser.py, docs/web.md): model actions are untrusted.
+            # The episode may reach its sites only (sandbox.py, docs/web.md): model actions are untrusted.
             self.view = browser.Context(width=width, height=height, viewport_only=viewport_only,
                                         to_local=to_local, to_public=to_public, origins=origins)
         self.task = None

@@ -97,7 +97,7 @@ def open_page(path: Path, actions):
     errors and console errors) and every URL it requested."""
     from playwright.sync_api import sync_playwright
 
-    from envs.browser import chromium_path
+    from envs.chromium import chromium_path
 
     errors, requests = [], []
     with sync_playwright() as p:
