@@ -33,7 +33,7 @@ Numerical choices:
   * results are at least float32; losses upcast bf16 inputs to float32 before exp().
 
 Dimension legend:  B episodes (rows)  T token positions  V vocabulary  G groups (tasks)
-Test: python -m pytest tests/test_algorithms.py
+Tests: python -m pytest tests/test_algorithms.py tests/test_losses.py
 """
 from __future__ import annotations
 
