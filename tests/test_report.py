@@ -1,7 +1,8 @@
 """Tests of report.py's evidence: the task-clustered SE and the paired task-level bootstrap against
 hand values, a fixed-seed snapshot and a brute-force enumeration of every resample of a small case
 (float64 whatever the input dtype); then a real train.py run (validation curve in evals.jsonl) and two
-real evaluate.py runs, published into a result folder whose tables regenerate from its files alone."""
+real evaluate.py runs, published into a result folder (results.py) whose tables regenerate from its
+files alone."""
 from __future__ import annotations
 
 import itertools
@@ -17,6 +18,7 @@ import torch
 
 import evaluate as E
 import report as R
+import results as RS
 from tests.test_evaluate import FAST, rec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +94,7 @@ def test_paired_evaluations_on_the_same_tasks_only():
 
 def test_trim_keeps_head_and_tail():
     msgs = [{"role": "user", "content": "x" * 2000}] + [{"role": "assistant", "content": str(i)} for i in range(30)]
-    cut = R.trim(msgs, chars=100, head=3, tail=5)
+    cut = RS.trim(msgs, chars=100, head=3, tail=5)
     assert len(cut) == 9 and cut[3] == {"role": "note", "content": "[23 messages cut]"}
     assert cut[0]["content"].startswith("x" * 100) and "1900 characters cut" in cut[0]["content"]
     assert [m["content"] for m in cut[-5:]] == [str(i) for i in range(25, 30)]
@@ -156,7 +158,7 @@ def test_publish_and_regenerate(run_dir, evals, tmp_path):
     outcomes = [json.loads(line) for line in (dest / "evals/seed-1/outcomes.jsonl").read_text().splitlines()]
     source = E.load_transcripts(evals[0][1] / "transcripts.jsonl", 4)[0]
     assert len(outcomes) == 24 and sorted(json.dumps(o) for o in outcomes) == sorted(
-        json.dumps({k: r[k] for k in R.OUTCOME_KEYS}) for r in source)
+        json.dumps({k: r[k] for k in RS.OUTCOME_KEYS}) for r in source)
     shown = [json.loads(line) for line in (dest / "evals/seed-1/transcripts.jsonl").read_text().splitlines()]
     assert len(shown) == 3 and all(s["messages"][-1]["role"] == "assistant" for s in shown)
     # the tables come back from the folder's files alone, identical to what --publish printed and wrote
@@ -175,9 +177,9 @@ def test_publish_and_regenerate(run_dir, evals, tmp_path):
 def test_publish_refuses_an_oversized_or_existing_folder(run_dir, evals, tmp_path):
     dest = tmp_path / "big"
     with pytest.raises(SystemExit, match="over the 0.0 MB limit"):
-        R.publish(run_dir, dest, evals, limit=1000)
+        RS.publish(run_dir, dest, evals, limit=1000)
     assert not dest.exists()  # nothing half-written is left to commit
-    R.publish(None, dest, evals[:1])
+    RS.publish(None, dest, evals[:1])
     assert "Paired differences" not in (dest / "tables.md").read_text()
     with pytest.raises(SystemExit, match="holds files already"):
-        R.publish(None, dest, evals[:1])
+        RS.publish(None, dest, evals[:1])

@@ -1,0 +1,172 @@
+"""Result folders (results/<name>/): the evidence of a run and its evaluations, small enough to commit,
+and every table regenerated from those files alone (report.py's numbers: success, the task-clustered
+SE, Pass@k, the paired task-level bootstrap; and the in-training validation curve).
+
+    python report.py --publish runs/babyai-smollm2 results/babyai-smollm2 untrained=runs/.../eval-untrained ...
+    python report.py results/babyai-smollm2          # every table of that folder, from its files only
+
+Everything a table needs and no weights: run/ (train.py's config.json, metrics.jsonl, in-training
+validation outcomes evals.jsonl, provenance.jsonl), one evals/<label>/ per evaluation (its settings,
+per-task outcomes, a few trimmed transcripts, the commits that produced them), manifest.json and
+tables.md. `publish` writes a folder, `render` rebuilds every table from its files only; report.py's
+command line calls both. Tests: python -m pytest tests/test_report.py
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+from report import clustered_se, k_values, naive_se, paired_table, pairs, stats, task_means
+
+RUN_FILES = ("config.json", "metrics.jsonl", "evals.jsonl", "provenance.jsonl")
+OUTCOME_KEYS = ("task_id", "subtask", "sample", "budget", "reward", "success", "turns", "end")
+SIZE_LIMIT = 2_000_000  # bytes: a result folder is evidence, not an archive
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-").lower() or "eval"
+
+
+def trim(messages: list[dict], chars: int = 1500, head: int = 3, tail: int = 12) -> list[dict]:
+    """A transcript cut for committing: each message at most `chars` characters, and of a long episode
+    the first `head` and last `tail` messages with a note of how many were left out between them."""
+    cut = [{**m, "content": m["content"][:chars] + (f" [... {len(m['content']) - chars} characters cut]"
+                                                     if len(m["content"]) > chars else "")} for m in messages]
+    if len(cut) > head + tail:
+        cut = cut[:head] + [{"role": "note", "content": f"[{len(cut) - head - tail} messages cut]"}] + cut[-tail:]
+    return cut
+
+
+def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], keep: int = 3,
+            limit: int = SIZE_LIMIT) -> str:
+    """Copy the evidence of a run and its evaluations into `dest` (the files listed at the top) and
+    write tables.md; returns the tables. Refuses a `dest` that holds files; removes what it wrote when
+    the folder ends up over `limit` bytes, and says which files are the largest."""
+    from evaluate import load_transcripts
+    from runlog import provenance
+
+    if dest.exists() and any(dest.iterdir()):
+        raise SystemExit(f"error: {dest} holds files already; remove it or choose another name")
+    if run_dir is not None and not (run_dir / "config.json").exists():
+        raise SystemExit(f"error: {run_dir} has no config.json: not a train.py output directory")
+    for label, src in evals:
+        if not (src / "results.json").exists():
+            raise SystemExit(f"error: {src} has no results.json: not a finished evaluate.py output ({label})")
+    dest.mkdir(parents=True, exist_ok=True)
+    manifest = {"run": str(run_dir) if run_dir else None, "evals": [], "published": provenance()}
+    if run_dir is not None:
+        (dest / "run").mkdir()
+        for name in RUN_FILES:
+            if (run_dir / name).exists():
+                shutil.copyfile(run_dir / name, dest / "run" / name)
+    for label, src in evals:
+        folder = dest / "evals" / _slug(label)
+        if folder.exists():
+            raise SystemExit(f"error: two evaluations are named {_slug(label)!r}; give them different labels")
+        folder.mkdir(parents=True)
+        result = json.loads((src / "results.json").read_text())
+        settings = {**result["config"], "model": result["model"], "max_tokens": result["max_tokens"],
+                    "temperature": result["temperature"], "reward_scale": result["reward_scale"]}
+        (folder / "config.json").write_text(json.dumps(settings, indent=2) + "\n")
+        records = sorted(load_transcripts(src / "transcripts.jsonl", result["config"]["k"])[0],
+                         key=lambda r: (r["budget"], r["task_id"], r["sample"]))
+        (folder / "outcomes.jsonl").write_text("".join(json.dumps({k: r[k] for k in OUTCOME_KEYS}) + "\n"
+                                                       for r in records))
+        wins = [r for r in records if r["success"]]
+        shown = (wins[:1] + [r for r in records if not r["success"]] + wins[1:])[:keep]  # a success, then failures
+        (folder / "transcripts.jsonl").write_text("".join(
+            json.dumps({**{k: r[k] for k in OUTCOME_KEYS}, "error": r.get("error", "")[:300],
+                        "messages": trim(r["messages"])}) + "\n" for r in shown))
+        if (src / "provenance.jsonl").exists():
+            shutil.copyfile(src / "provenance.jsonl", folder / "provenance.jsonl")
+        manifest["evals"].append({"label": label, "dir": f"evals/{_slug(label)}", "source": str(src)})
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    md = render(dest)
+    (dest / "tables.md").write_text(md)
+    files = sorted((p.stat().st_size, str(p.relative_to(dest))) for p in dest.rglob("*") if p.is_file())
+    if sum(size for size, _ in files) > limit:
+        shutil.rmtree(dest)
+        biggest = ", ".join(f"{name} {size / 1e6:.2f} MB" for size, name in files[::-1][:3])
+        raise SystemExit(f"error: the result folder would hold {sum(s for s, _ in files) / 1e6:.2f} MB, over the "
+                         f"{limit / 1e6:.1f} MB limit (largest: {biggest}); nothing was kept")
+    return md
+
+
+def _commit(rows: list[dict]) -> str:
+    if not rows:
+        return "not recorded"
+    seen = list(dict.fromkeys(f"{r['commit'] or 'unknown'}{' (uncommitted changes)' if r['dirty'] else ''}"
+                              for r in rows))
+    return ", then ".join(seen) + f"; CPU {rows[-1]['cpu']}"
+
+
+def render(dest: Path, resamples: int = 10_000, seed: int = 0) -> str:
+    """The markdown tables of a result folder, computed from its files only."""
+    manifest = json.loads((dest / "manifest.json").read_text())
+    runs = [(e["label"], _jsonl(dest / e["dir"] / "outcomes.jsonl")) for e in manifest["evals"]]
+    settings = {e["label"]: json.loads((dest / e["dir"] / "config.json").read_text()) for e in manifest["evals"]}
+    lines = [f"# {dest.name}", "", f"Generated by `python report.py results/{dest.name}` from that folder's files.", ""]
+    if (dest / "run").exists():
+        cfg = json.loads((dest / "run" / "config.json").read_text())
+        lines += [f"Training run: env `{cfg['env']}`, model `{cfg['model']}`, {cfg['algo']}, {cfg['steps']} steps; "
+                  f"commit {_commit(_jsonl(dest / 'run' / 'provenance.jsonl'))}.", ""]
+    if runs:
+        lines += ["## Evaluations", ""]
+        decoding = ("split", "k", "temperature", "top_p", "max_tokens", "max_context", "prompt_style", "env_options")
+        for e in manifest["evals"]:
+            s = settings[e["label"]]
+            lines.append(f"- {e['label']}: model `{s['model']}`, " + ", ".join(f"{k} {s.get(k)}" for k in decoding)
+                         + f"; commit {_commit(_jsonl(dest / e['dir'] / 'provenance.jsonl'))}")
+        differ = [k for k in decoding[1:] if len({json.dumps(settings[label].get(k)) for label, _ in runs}) > 1]
+        if differ:
+            lines.append(f"- NOTE: the evaluations differ in {', '.join(differ)}: not the same decoding")
+        ks = sorted({j for _, recs in runs for j in k_values(min(len(g) for g in pairs(recs).values()))})
+        head = ["evaluation", "turns", "tasks", "episodes", "success %", "SE (tasks)", "SE (naive)", "Avg reward",
+                *[f"Pass@{j} %" for j in ks]]
+        lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for label, recs in runs:
+            for budget in sorted({r["budget"] for r in recs}):
+                rs = [r for r in recs if r["budget"] == budget]
+                kmin = min(len(g) for g in pairs(rs).values())
+                row = stats(rs, [j for j in ks if j <= kmin])
+                se = clustered_se(list(task_means(rs).values()))
+                cells = [label, budget, row["tasks"], row["episodes"], f"{100 * row['success']:.1f}",
+                         f"{100 * se:.1f}", f"{100 * naive_se(row['success'], row['episodes']):.1f}",
+                         f"{row['avg_reward']:.3f}",
+                         *[f"{100 * row[f'pass@{j}']:.1f}" if f"pass@{j}" in row else "" for j in ks]]
+                lines.append("| " + " | ".join(map(str, cells)) + " |")
+        lines += paired_table(runs, resamples, seed)
+    lines += validation_curve(dest / "run")
+    return "\n".join(lines) + "\n"
+
+
+def validation_curve(run: Path) -> list[str]:
+    """The in-training evaluations, recomputed from evals.jsonl, each checked against metrics.jsonl."""
+    rows = _jsonl(run / "evals.jsonl")
+    if not rows:
+        return []
+    metrics = {}
+    for m in _jsonl(run / "metrics.jsonl"):  # a resumed run appends: the last row of a step wins
+        metrics[m["step"]] = m
+    points = defaultdict(dict)
+    for r in rows:  # the last outcome of a task at an evaluation point wins (a resumed run re-evaluates)
+        points[(r["step"], r["eval"])][r["task_id"]] = r
+    lines = ["", "## Validation curve (in-training evaluation on the validation split, run/evals.jsonl)", "",
+             "| steps trained | tasks | success % | SE (tasks) | Avg reward | equals metrics.jsonl |",
+             "|---|---|---|---|---|---|"]
+    trained = lambda key: key[0] + (key[1] != "eval_start")  # noqa: E731  eval_start: before step's update
+    for (step, name), by_task in sorted(points.items(), key=lambda kv: trained(kv[0])):
+        ok = [float(r["success"]) for r in by_task.values()]
+        success, reward = sum(ok) / len(ok), sum(r["reward"] for r in by_task.values()) / len(ok)
+        logged = metrics.get(step, {}).get(f"{name}/success")
+        same = "no row" if logged is None else "yes" if abs(logged - success) < 1e-5 else f"NO ({100 * logged:.1f})"
+        lines.append(f"| {trained((step, name))} | {len(ok)} | {100 * success:.1f} | {100 * clustered_se(ok):.1f} "
+                     f"| {reward:.3f} | {same} |")
+    return lines
