@@ -7,12 +7,8 @@ rank, padding, and our FSDP2 update against a plain single-process transformers 
     torchrun --standalone --nproc_per_node 2 bench/train_step.py --model bigvocab  # a 152k vocabulary
     python bench/train_step.py --model small --hidden 256 --layers 4               # one process
 
-Models (`--model`): `tiny` (tiny.py's, vocabulary 1,472); `small`, a Qwen2-shaped model of `--hidden`
-and `--layers` on the tiny tokenizer; `bigvocab`, a Qwen2-shaped model with Qwen2.5's vocabulary of
-152,064 (`--vocab`) and an untied LM head, as Qwen2.5-7B has, on the tiny model's body (hidden 64,
-2 layers, unless `--hidden`/`--layers`): the cost and memory of the LM head and its logits almost
-alone; `smollm2`, SmolLM2-135M-Instruct (vocabulary 49,152, 30 layers, hidden 576) with its own
-tokenizer. `small` and `bigvocab` are saved by rank 0 into a temporary directory (engines load from one).
+Models (`--model`: tiny, small, bigvocab, smollm2) and the synthetic episodes' layout (`--prompt`,
+`--turns`, `--reply`, `--obs`, `--done-share`; defaults follow the model): bench/workload.py.
 
 The step is train.py's, phases (2) to (6), built from train.py's own functions (`shard`, `update`,
 `global_advantages`, `sync`, `full_tensors`, `_rollout_metrics`, `all_sum`) and batch.py's (`collate`,
@@ -22,17 +18,6 @@ MixedPrecisionPolicy, bf16 parameters and fp32 gradient reduction over fp32 mast
 dtype; `--checkpointing` turns on activation checkpointing in the policy; `--on-policy` passes
 `old=None` to `train.update` and skips the old-logprob pass, as train.py does when `ppo_epochs == 1`
 and `mini_batches == 1`; `--kl-coef 0` drops the reference model and its pass.
-
-Synthetic episodes: random token ids (of the tokenizer, special ones excepted) with the layout of a
-multi-turn episode: a prompt of about `--prompt` tokens (mask 0), then assistant replies of up to
-`--reply` tokens (mask 1; half run to the cap, the others stop earlier), each but the last followed by
-an observation of about `--obs` tokens (mask 0). A share `--done-share` of the episodes ends at a turn
-drawn uniformly from 1 to `--turns` (the env said done); the others run all `--turns` turns (the
-horizon). Rewards are 0/1 in groups of `--samples`. Defaults follow the model: for `smollm2` the
-BabyAI layout of the smollm2 preset (prompt 560, 8 turns of 40-token replies, observations 150, 30%
-ending early: about 1,700 tokens per episode; BabyAI's first prompt is 380-690 tokens with SmolLM2's
-tokenizer, an observation turn 60-370); for the others TextCraft's on the tiny tokenizer (prompt 700,
-1 to 6 turns of 48 tokens, observations 30).
 
 Printed on rank 0 (each phase: mean over `--repeats` steps after a warm-up, max over ranks; a barrier
 closes every phase, so that no phase holds another rank's lag behind its first collective):
@@ -51,16 +36,9 @@ closes every phase, so that no phase holds another rank's lag behind its first c
   its phase (6)), and the process's peak `ru_maxrss` (getrusage; the resets lower it too, so the
   peaks before each reset are kept); rank 0 also holds the plain baseline, whose resident size is
   printed (use `--no-plain` for clean figures on every rank);
-- our update against a plain transformers step: forward with `labels` (full logits, HF's loss), backward
-  and an AdamW step over rank 0's share in one process, micro-batches split as ours; for bfloat16 it
-  keeps fp32 parameters and AdamW and runs the forward under torch.autocast(cpu, bfloat16), the same
-  precision split as FSDP2's policy (bf16 compute, fp32 masters). It runs on rank 0 after each step's
-  phases while the other ranks wait, so load changes hit both; under torchrun each process runs one
-  torch thread (torchrun sets OMP_NUM_THREADS=1), so the plain step uses as many threads as one rank.
-  Printed: seconds, tokens/s per process, the ratio of our update's tokens/s per process to it, by wall
-  time and by CPU time (process_time: the plain step runs while the other ranks idle, so on a shared
-  machine it meets less contention; CPU time, the slowest rank's for ours, is the fairer figure there),
-  and the plain step's peak memory above what rank 0 held before it (its full logits included).
+- our update against a plain transformers step over rank 0's share in one process (bench/plain_step.py
+  says how it runs): seconds, tokens/s per process and the ratio of ours to it, by wall and by CPU
+  time, and the plain step's peak memory above what rank 0 held before it.
 - with `--shared-prefix both`: the update with and without train.py's `--shared-prefix`, each step run
   twice (plain and shared, alternating which goes first, so that load changes hit both), seconds, CPU
   seconds and tokens/s of each and their ratio, and the micro-batches per rank of each packing
@@ -70,15 +48,12 @@ closes every phase, so that no phase holds another rank's lag behind its first c
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
-import random
 import resource
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -93,76 +68,13 @@ import distributed  # noqa: E402
 import memplan  # noqa: E402
 import train  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
-from rollout import Episode  # noqa: E402
-import tiny as tiny_recipe  # noqa: E402
-from models import resolve_model  # noqa: E402
+import plain_step  # noqa: E402  (bench/, the script's own folder)
+from workload import LAYOUT, QWEN25_VOCAB, model_dir, synthetic  # noqa: E402
 
 PHASES = ("collate", "logprobs", "advantages", "update", "sync", "log", "wait", "gather_only", "plain_update",
           "update_cpu", "plain_cpu")  # *_cpu: CPU seconds of the process (all its threads), not wall time
 STEP = ("collate", "logprobs", "advantages", "update", "sync", "log")  # the phases of a step
 OVERHEAD = ("collate", "advantages", "sync", "log")                   # neither generation nor model compute
-# synthetic episode layout per model: (prompt, turns, reply, obs, done_share)
-LAYOUT = {"smollm2": (560, 8, 40, 150, 0.3),  # BabyAI with SmolLM2 (the smollm2 preset: 8 turns, 40 tokens)
-          "default": (700, 6, 48, 30, 1.0)}   # TextCraft on the tiny tokenizer (the old defaults)
-QWEN25_VOCAB = 152064
-
-
-def model_dir(args, rank: int) -> tuple[str, str | None]:
-    """The tiny model, SmolLM2, or a Qwen2-shaped model (`small`, `bigvocab`) on the tiny tokenizer,
-    saved by rank 0 into a temporary directory (engines load from a directory). Returns (path, dir to
-    delete)."""
-    if rank == 0:  # rank 0 builds (converts) first, so ranks do not race to build it
-        resolve_model("smollm2" if args.model == "smollm2" else "tiny")
-    dist.barrier()
-    if args.model in ("tiny", "smollm2"):
-        return resolve_model(args.model), None
-    tiny = resolve_model("tiny")
-    path = [None]
-    if rank == 0:
-        from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-
-        base = Qwen2Config.from_pretrained(tiny)
-        if args.model == "small":
-            hidden, layers, vocab, tie = args.hidden or 256, args.layers or 4, base.vocab_size, True
-        else:  # bigvocab: the tiny body, Qwen2.5's vocabulary, an untied head (as Qwen2.5-7B)
-            hidden, layers, vocab, tie = args.hidden or base.hidden_size, args.layers or base.num_hidden_layers, \
-                args.vocab, False
-        heads = max(1, hidden // 64) if args.model == "small" or args.hidden else base.num_attention_heads
-        shape = dict(tiny_recipe.MODEL, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-                     num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),  # grouped KV as in Qwen2
-                     tie_word_embeddings=tie)
-        config = Qwen2Config(vocab_size=vocab, pad_token_id=base.pad_token_id, bos_token_id=None,
-                             eos_token_id=base.eos_token_id, **shape)
-        torch.manual_seed(0)
-        path[0] = tempfile.mkdtemp(prefix="bench-train-step-")
-        Qwen2ForCausalLM(config).save_pretrained(path[0])
-        AutoTokenizer.from_pretrained(tiny).save_pretrained(path[0])
-    dist.broadcast_object_list(path, src=0)
-    return path[0], path[0] if rank == 0 else None
-
-
-def synthetic(args, allowed: list[int]) -> list[Episode]:
-    """The whole step's episodes (identical on every rank); each rank takes its contiguous share.
-    Token ids are drawn from `allowed`. The episodes of a group share their prompt token for token, as
-    rollout.py's do (the instruction and the task's first observation)."""
-    rng = random.Random(args.seed)
-    token = lambda: allowed[rng.randrange(len(allowed))]  # noqa: E731
-    out = []
-    for i in range(args.episodes):
-        if i % args.samples == 0:
-            prompt = [token() for _ in range(args.prompt + rng.randint(-args.prompt // 10, args.prompt // 10))]
-        ep = Episode(i // args.samples, i // args.samples, list(prompt), len(prompt))
-        done = args.done_share >= 1 or rng.random() < args.done_share
-        turns = rng.randint(1, args.turns) if done else args.turns
-        for turn in range(turns):
-            n = args.reply if rng.random() < 0.5 else rng.randint(max(1, args.reply // 4), args.reply)
-            ep.append([token() for _ in range(n)], True, [-rng.random() * 5 for _ in range(n)])
-            if turn + 1 < turns:
-                ep.append([token() for _ in range(rng.randint(args.obs // 2, args.obs * 3 // 2))], False)
-        ep.turns, ep.reward = turns, float(rng.random() < 0.3)
-        ep.success, ep.end = ep.reward > 0, "done" if done else "horizon"
-        out.append(ep)
-    return out
 
 
 # ------------------------------------------------------------------ memory figures (Linux /proc)
@@ -199,42 +111,12 @@ def maxrss_mb() -> float:
     return max(_EARLIER_PEAK[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
-def tensors_mb(model, opt) -> float:
-    """Resident size of a model's parameters, gradients and optimizer state."""
-    ts = list(model.parameters()) + [p.grad for p in model.parameters() if p.grad is not None]
-    ts += [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
-    return sum(t.numel() * t.element_size() for t in {id(t): t for t in ts}.values()) / 2**20
-
-
 # ------------------------------------------------------------------ the step
 
 def update(model, opt, batch, old, ref_lp, adv, cfg, kl_in_reward) -> dict:
     """train.update on the policy alone (no critic, no scheduler), reductions over all ranks."""
     return train.update(cfg, {"policy": model}, {"policy": opt}, None, batch, old, ref_lp, None, adv, adv,
                         kl_in_reward, cfg.seed)
-
-
-def plain_update(model, opt, batch, cfg, dtype: str) -> None:
-    """A plain transformers training step over every row of `batch`, as a user without this project
-    would write it: HF's causal-LM loss on the policy tokens (labels -100 elsewhere; full logits,
-    upcast to fp32 by HF), summed and divided by the share's policy-token count, one backward per
-    micro-batch of the same token budget, gradient clipping, one AdamW step. bfloat16: fp32 parameters
-    and optimizer, forward under torch.autocast(cpu, bfloat16)."""
-    lengths, mask = batch["attn"].sum(1), batch["mask"]
-    items = max(1, int(mask.sum()))
-    amp = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext()
-    for mb in batch_.micro_batches(list(range(len(lengths))), lengths, cfg.micro_tokens):
-        w = int(lengths[mb].max())
-        ids, attn = batch["ids"][mb, :w], batch["attn"][mb, :w]
-        labels = ids.masked_fill(mask[mb, :w] == 0, -100)
-        with amp:
-            loss = model(input_ids=ids, attention_mask=attn, labels=labels, num_items_in_batch=items,
-                         use_cache=False).loss
-        loss.backward()
-        del loss
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
 
 
 def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world, mem) -> dict:
@@ -290,19 +172,14 @@ def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world,
     t, times["plain_cpu"] = clock(), 0.0
     if plain is not None:
         if not plain:  # loaded at first use, so the first step's peak above is free of it
-            from transformers import AutoModelForCausalLM
-            model = AutoModelForCausalLM.from_pretrained(args.path, dtype=torch.float32)
-            if args.checkpointing:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            model.train()
-            plain += [model, torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)]
+            plain += plain_step.load(args.path, args.checkpointing, cfg)
             t = clock()
         reset_peak()
         before, cpu = rss_mb(), time.process_time()
-        plain_update(plain[0], plain[1], batch, cfg, args.dtype)
+        plain_step.plain_update(plain[0], plain[1], batch, cfg, args.dtype)
         times["plain_cpu"] = time.process_time() - cpu
         mem["plain"] = max(mem.get("plain", 0.0), rss_mb("VmHWM") - before)
-        mem["plain_resident"] = tensors_mb(plain[0], plain[1])
+        mem["plain_resident"] = plain_step.tensors_mb(plain[0], plain[1])
     times["plain_update"] = clock() - t
     dist.barrier()
     return times
@@ -525,25 +402,11 @@ def report(args, f, config) -> None:
         print(f"update tokens/s, shared prefix / plain: {off['update'] / on['update']:.2f} (wall), "
               f"{off['update_cpu'] / on['update_cpu']:.2f} (CPU time); micro-batches per rank (the most): "
               f"{f['micro_shared']} shared-prefix (a group's prompt once, no padding), {f['micro_per_rank']} plain")
-    if args.no_plain:
-        return
-    total0, masked0 = f["total0"], f["masked0"]
-    ours = total / world / s["update"]
-    theirs = total0 / s["plain_update"]
-    how = ("fp32 weights and AdamW, forward under torch.autocast(cpu, bfloat16)" if args.dtype == "bfloat16"
-           else "fp32")
-    print(f"\n# our update vs a plain transformers step (model(ids, attention_mask, labels) forward, backward, "
-          f"AdamW; {how}{', activation checkpointing' if args.checkpointing else ''}) on rank 0's share in one "
-          f"process: {total0} tokens, {masked0} policy tokens, the same micro-batch split")
-    ours_cpu, theirs_cpu = total / world / s["update_cpu"], total0 / s["plain_cpu"]
-    print(table([("update", "s", "tokens/s per process", "CPU s", "tokens per CPU s"),
-                 ("plain transformers, 1 process", f"{s['plain_update']:.3f}", f"{theirs:.0f}",
-                  f"{s['plain_cpu']:.3f}", f"{theirs_cpu:.0f}"),
-                 (f"ours: train.update, FSDP2 world {world}", f"{s['update']:.3f}", f"{ours:.0f}",
-                  f"{s['update_cpu']:.3f}", f"{ours_cpu:.0f}")]))
-    print(f"our update's tokens/s per process / plain transformers': {ours / theirs:.2f} (wall time), "
-          f"{ours_cpu / theirs_cpu:.2f} (CPU time; the plain step runs while the other ranks idle, so it meets "
-          f"less contention for the cores)")
+    if not args.no_plain:
+        heading, rows, verdict = plain_step.comparison(args, f)
+        print(heading)
+        print(table(rows))
+        print(verdict)
 
 
 def table(rows: list[tuple]) -> str:
