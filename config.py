@@ -305,6 +305,9 @@ def check(cfg: Config, world: int) -> str | None:
         return f"--env-options is not a JSON object ({exc.msg}); e.g. --env-options '{{\"max_distractors\": 5}}'"
     if not isinstance(options, dict):
         return "--env-options must be a JSON object, e.g. '{\"max_distractors\": 5}'"
+    if cfg.eval_every and cfg.env == "webarena" and options.get("configs"):  # found out only after loading otherwise
+        return ("--eval-every evaluates on the validation split, and the real WebArena configs are one evaluation "
+                "set without one; set --eval-every 0 and evaluate with evaluate.py")
     try:
         framings.make(cfg.prompt_style, cfg.env, cfg.instructions_file)
     except ValueError as exc:

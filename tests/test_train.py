@@ -203,3 +203,9 @@ def test_no_two_replies_of_a_run_share_a_seed_when_groups_span_ranks(tmp_path):
     seeds = [s for rank_calls in calls for c in rank_calls if c["call"] == "generate" for s in c["seeds"]]
     assert len(seeds) == 2 * 2 * 4 and None not in seeds  # steps x turns x episodes
     assert len(set(seeds)) == len(seeds)
+
+
+def test_in_training_evaluation_without_a_validation_split_is_refused_before_start_up():
+    cfg = config.parse(["--env", "webarena", "--env-options", '{"configs": "webarena"}', "--eval-every", "2"])
+    problem = config.check(cfg, 1)
+    assert problem and "--eval-every 0" in problem and "\n" not in problem
