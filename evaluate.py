@@ -379,6 +379,8 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
 
 
 def main(argv=None):
+    from rollout import abandoned
+    stuck = abandoned()  # env threads abandoned before this call (main() may run inside a longer process)
     cfg = parse(argv)
     problem = check(cfg)
     if problem is None:  # the split and task ids need one env instance (no engine or model yet)
@@ -436,8 +438,7 @@ def main(argv=None):
         engine.close()
     if dist.is_initialized():  # vLLM's shutdown may already have destroyed the default group
         dist.destroy_process_group()
-    from rollout import abandoned
-    if abandoned():  # an env call that never returned holds a thread the interpreter would wait for at exit
+    if abandoned() > stuck:  # an env call of this evaluation never returned: its thread would hold the exit
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
