@@ -81,6 +81,7 @@ class Config:
     bc_epochs: int = doc("passes over the expert episodes", 1)
     bc_lr: float = doc("learning rate of the warm start (AdamW)", 5e-5)
     bc_batch: int = doc("expert episodes per rank per warm-start optimizer step", 8)
+    bc_seconds: float = doc("end the warm start's optimizer steps after this many seconds of it (0: no limit); with --model a warm start's directory, the time-matched imitation control of RL", 0.0)
     # machinery
     engine: str = doc("rollout generator: auto (vLLM if installed), vllm, hf", "auto")
     device: str = doc("auto, cpu or cuda", "auto")
@@ -324,11 +325,13 @@ def check(cfg: Config, world: int) -> str | None:
             return f"--tasks-file {cfg.tasks_file}: {exc}"
     if cfg.bc_episodes and not hasattr(env_class(cfg.env), "expert"):
         return f"--bc-episodes needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set --bc-episodes 0"
-    if cfg.eval_every < 0 or cfg.eval_tasks < 0 or cfg.bc_episodes < 0 or cfg.train_layers < 0 or cfg.env_timeout < 0:
-        return "--eval-every, --eval-tasks, --bc-episodes, --train-layers and --env-timeout must be >= 0"
+    if min(cfg.eval_every, cfg.eval_tasks, cfg.bc_episodes, cfg.train_layers, cfg.env_timeout, cfg.bc_seconds) < 0:
+        return "--eval-every, --eval-tasks, --bc-episodes, --train-layers, --env-timeout and --bc-seconds must be >= 0"
+    if cfg.steps == 0 and not cfg.bc_episodes:
+        return "--steps 0 trains nothing without a warm start; give --steps 1 or more, or --bc-episodes (imitation only)"
     for name in ("steps", "tasks_per_step", "samples_per_task", "max_tokens", "max_context", "ppo_epochs",
                  "mini_batches", "micro_tokens", "env_workers", "keep", "bc_epochs", "bc_batch"):
-        if getattr(cfg, name) <= 0:
+        if getattr(cfg, name) < (0 if name == "steps" and cfg.bc_episodes else 1):
             return f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}"
     batch = cfg.tasks_per_step * cfg.samples_per_task
     if batch % world:

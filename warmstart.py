@@ -78,9 +78,10 @@ def demo_tasks(train_ids: list[int], count: int, seed: int) -> list[int]:
 
 
 def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes: int, micro_tokens: int,
-          seed: int, pad_id: int, reduce_sum, reduce_max, world: int, progress=None) -> list[float]:
+          seed: int, pad_id: int, reduce_sum, reduce_max, world: int, progress=None, seconds: float = 0.0) -> list[float]:
     """Minimise -log p(expert tokens) over `epochs` passes, `batch_episodes` episodes of this rank per
-    optimizer step. Returns the mean NLL per policy token of each step (over all ranks)."""
+    optimizer step, stopping early once `seconds` (> 0) have passed (the slowest rank's clock decides, so
+    all stop at the same step). Returns the mean NLL per policy token of each step (over all ranks)."""
     steps = -(-len(episodes) // batch_episodes)
     n_real = len(episodes)
     # a rank left without episodes still joins every collective, on a dummy row that trains nothing
@@ -89,10 +90,12 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
     mask, lengths = batch["mask"], batch["attn"].sum(1)
     gen = torch.Generator().manual_seed(seed)
     n_steps = reduce_max(steps)  # every rank runs the same number of optimizer steps (collectives)
-    losses = []
+    losses, start = [], time.perf_counter()
     for _ in range(epochs):
         order = torch.randperm(n_real, generator=gen).tolist()
         for s in range(n_steps):
+            if seconds and reduce_max(int(1000 * (time.perf_counter() - start)) + 1) > 1000 * seconds:  # whole ms
+                return losses
             chunk = order[s * batch_episodes:(s + 1) * batch_episodes]
             (tokens,) = reduce_sum(mask[chunk].sum() if chunk else 0.0)
             micro = micro_batches(chunk, lengths, micro_tokens)
@@ -142,11 +145,15 @@ def run(cfg, turns: int, policy, ref, env_pool, pool, chat, tokenizer, train_ids
     trained = [p for p in policy.parameters() if p.requires_grad]  # --train-layers may freeze some
     optimizer = torch.optim.AdamW(trained, lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
     progress = lambda k, total, nll: say(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")  # noqa: E731
+    # --bc-seconds counts from the start of the warm start (expert episodes included), like RL's wall time
+    budget = max(cfg.bc_seconds - (time.perf_counter() - t), 1e-9) if cfg.bc_seconds else 0.0
     losses = clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens, cfg.seed,
-                   tokenizer.pad_token_id or 0, reduce_sum, reduce_max, world, progress=progress)
+                   tokenizer.pad_token_id or 0, reduce_sum, reduce_max, world, progress=progress, seconds=budget)
     del optimizer
     checkpoint.save_model(warm_dir, policy, tokenizer, rank)
     if ref is not None:
         with torch.no_grad():
             ref.load_state_dict(policy.state_dict())
-    say(f"warm start done in {time.perf_counter() - t:.0f}s: NLL {losses[0]:.3f} -> {losses[-1]:.3f}; saved {warm_dir}")
+    cut = f" (--bc-seconds {cfg.bc_seconds:g} reached: {len(losses)} optimizer steps)" if cfg.bc_seconds else ""
+    nll = f"NLL {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "no optimizer step"
+    say(f"warm start done in {time.perf_counter() - t:.0f}s{cut}: {nll}; saved {warm_dir}")

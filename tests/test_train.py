@@ -40,7 +40,9 @@ def metrics(out):
     (Config(model="/nonexistent/dir"), "cannot be loaded"),
     (Config(agg="mean"), "--agg"),
     (Config(dual_clip=0.5), "--dual-clip"),
-    (Config(steps=0), "--steps must be positive"),
+    (Config(steps=0), "--steps 0 trains nothing without a warm start"),
+    (Config(steps=-1, env="babyai", bc_episodes=4), "--steps must be positive"),
+    (Config(bc_seconds=-1), "--bc-seconds must be >= 0"),
     (Config(checkpoint_format="zip"), "--checkpoint-format"),
 ])
 def test_config_check_names_the_fix(cfg, needle):
@@ -50,6 +52,8 @@ def test_config_check_names_the_fix(cfg, needle):
 
 def test_config_default_is_valid_and_presets_apply():
     assert config.check(Config(), world=2) is None
+    # imitation only (the time-matched control of RL): no RL step after a warm start is a valid run
+    assert config.check(Config(env="babyai", steps=0, bc_episodes=4, bc_seconds=60), world=2) is None
     cfg = config.parse(["--preset", "paper", "--env", "babyai", "--lr", "2e-6"])
     assert (cfg.model, cfg.horizon, cfg.tasks_per_step, cfg.samples_per_task) == ("Qwen/Qwen2.5-7B-Instruct", "6,13,20@100", 32, 4)
     assert cfg.lr == 2e-6 and cfg.kl_coef == 0.001

@@ -48,3 +48,24 @@ def test_train_with_a_crashing_demonstration_runs_to_the_end(tmp_path):
     assert f"the expert failed on task {CRASH} (TypeError" in proc.stderr
     assert (tmp_path / "run" / "warmstart" / "config.json").exists()
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_bc_seconds_ends_imitation_early_at_the_same_step_on_every_rank(chat):
+    """--bc-seconds (the time-matched imitation control): a budget already spent stops before the first
+    optimizer step and leaves the weights as they were; no budget runs every step."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    env = BabyAI(brief=True)
+    eps = [warmstart.expert_episode(env, chat, t, max_turns=8, max_context=2048) for t in range(4)]
+    eps = [e for e in eps if e.success]
+    assert len(eps) >= 2
+    model = AutoModelForCausalLM.from_pretrained(tiny.tiny_model_dir())
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    same = lambda *xs: xs  # noqa: E731  one process: the sums are the values
+    spent = warmstart.clone(model, optimizer, eps, 1, 1, 4096, 0, 0, same, lambda x: x, 1, seconds=1e-9)
+    assert spent == [] and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    full = warmstart.clone(model, optimizer, eps, 1, 1, 4096, 0, 0, same, lambda x: x, 1, seconds=0.0)
+    assert len(full) == len(eps) and all(0 < nll < 20 for nll in full)
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
