@@ -52,6 +52,8 @@ class Config:
     steps: int = doc("training steps (one rollout batch and its updates each)", 4)
     tasks_per_step: int = doc("distinct tasks per step over all ranks", 4)
     samples_per_task: int = doc("episodes per task (the GRPO/RLOO group size)", 4)
+    curriculum: bool = doc("draw each step's tasks by level, weighting a level by how often its groups were informative "
+                           "(rewards not all equal) so far in the run; off: uniform shuffles of the train split", False)
     horizon: str = doc("turn budget schedule: 'N' fixed, or 'N1,N2,..@S' ScalingInter stages of S steps", "4,6@2")
     max_tokens: int = doc("token cap of one assistant reply", 48)
     max_context: int = doc("token cap of a whole episode (prompt + all turns)", 2048)

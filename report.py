@@ -260,6 +260,7 @@ def paired_table(runs: list[tuple[str, list[dict]]], resamples: int = 10_000, se
 
 USAGE = """usage:
   python report.py results/NAME                      the tables of a result folder, from its files only
+  python report.py results/A results/B ...           one recipe's seeds: each paired difference per seed, the mean
   python report.py --publish RUN_DIR results/NAME [LABEL=EVAL_DIR ...]
                                                      make a result folder (RUN_DIR: train.py's --out, or -)
   python report.py RUN_DIR [LABEL=EVAL_DIR ...]     RUN_DIR/report.html: curves, tables, episodes (runreport.py)
@@ -289,6 +290,9 @@ def main(args: list[str]) -> None:
         import runreport
         evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in args[1:])]
         print(f"report: {runreport.write(Path(args[0]), evals)}")
+    elif len(args) > 1 and all((Path(a) / "manifest.json").exists() for a in args):
+        from results import seeds_table  # one recipe's result folders, one per seed
+        print(seeds_table([Path(a) for a in args]), end="")
     elif len(args) == 1 and "=" not in args[0]:
         if not (Path(args[0]) / "manifest.json").exists():
             raise SystemExit(f"error: {args[0]} has no manifest.json: not a result folder (make one with --publish); "

@@ -48,6 +48,7 @@ from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
 from distributed import all_max, all_sum, load, setup_distributed, sync
 from engine import make_engine
 from rollout import ChatFormat, abandoned, rollout
+from stepplan import Curriculum, rank_share, tasks_for_step
 from runlog import RunLog, log_episodes, log_outcomes, memory_metrics, trim_heap
 from models import resolve_model
 
@@ -141,18 +142,6 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
                     schedulers[key].step()
             stats["updates"] += 1
     return stats
-
-
-def tasks_for_step(train_ids: list[int], step: int, count: int, seed: int) -> list[int]:
-    """The step's tasks: consecutive slices of per-epoch shuffles, a pure function of the step, so a
-    resumed run sees exactly the data an uninterrupted one would."""
-    out, n = [], len(train_ids)
-    for k in range(step * count, (step + 1) * count):
-        epoch, i = divmod(k, n)
-        order = list(train_ids)
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        out.append(order[i])
-    return out
 
 
 # ------------------------------------------------------------------ advantages over all ranks
@@ -266,6 +255,8 @@ def main(argv=None):
         print0(f"training on the {len(train_ids)} tasks of {cfg.tasks_file}")
     if resume_from:  # after the engine's start-up, which re-seeds torch's global generator
         checkpoint.restore_rng(resume_from, rank, world)
+    curriculum = Curriculum(train_ids, getattr(env_pool[0], "level", env_pool[0].subtask), cfg.seed,
+                            out / "curriculum.jsonl", start) if cfg.curriculum else None  # stepplan.py
     threads = ThreadPoolExecutor(max_workers=max(1, min(cfg.env_workers, per_rank)))
     make_env = lambda: envs.make(cfg.env, **d.env_options)  # noqa: E731
     log = None
@@ -291,9 +282,9 @@ def main(argv=None):
         timing = {}
         # (1) rollout: this rank's contiguous share of the step's episodes; group id = task slot in the step
         horizon = d.schedule.max_turns(step)
-        tasks = tasks_for_step(train_ids, step, cfg.tasks_per_step, cfg.seed)
-        plan = [(t, g) for g, t in enumerate(tasks) for _ in range(cfg.samples_per_task)]
-        mine = plan[rank * per_rank:(rank + 1) * per_rank]
+        tasks = (curriculum.tasks(step, cfg.tasks_per_step) if curriculum
+                 else tasks_for_step(train_ids, step, cfg.tasks_per_step, cfg.seed))
+        mine = rank_share(tasks, cfg.samples_per_task, rank, world)  # every rank a part of every group
         engine.wake()
         episodes, rt = rollout(engine, chat, env_pool, make_env, mine, horizon, cfg.max_tokens, cfg.max_context,
                                cfg.temperature, cfg.top_p, seed=(cfg.seed * 7919 + step) * 131, first=rank * per_rank,
@@ -326,6 +317,10 @@ def main(argv=None):
         # (3) advantages
         token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * mask if kl_in_reward else None
         adv, returns = global_advantages(cfg, d, batch, values, token_kl)
+        if curriculum:  # every rank counts the same gathered (group, reward) rows
+            rows = [None] * world
+            dist.all_gather_object(rows, [(g, e.reward) for (_, g), e in zip(mine, episodes)])
+            informative = {"curriculum/informative": curriculum.observe(step, tasks, sum(rows, []), rank == 0)}
         log_episodes(out, step, cfg, episodes, batch, adv, tokenizer, env_pool)  # a few, at eval steps (runlog.py)
 
         # (4) updates: epochs x mini-batches x micro-batches, losses over the global token count
@@ -341,12 +336,13 @@ def main(argv=None):
         timing["time/sync"] = time.perf_counter() - t
 
         # (6) log and checkpoint
-        metrics = {**_rollout_metrics(episodes, horizon), **(first if step == start else {})}
+        metrics = {**_rollout_metrics(episodes, horizon), **(first if step == start else {}),
+                   **(informative if curriculum else {})}
         # every loss term is a rank's share of a global mean: summed over ranks, averaged over updates
         keys = ("loss", "kl", "entropy", "clip_frac", "value_loss")
         metrics.update({k: v / stats["updates"] for k, v in zip(keys, all_sum(*(stats[k] for k in keys)))})
         metrics["grad_norm"] = stats["grad_norm"] / stats["updates"]
-        metrics["skipped"] = all_sum(stats["skipped_rows"])[0] / (len(plan) * cfg.ppo_epochs)
+        metrics["skipped"] = all_sum(stats["skipped_rows"])[0] / (per_rank * world * cfg.ppo_epochs)
         gap, gap_n = all_sum(stats["sampler_gap"], stats["gap_tokens"])
         metrics["sampler_gap"] = gap / max(gap_n, 1)  # mean |trainer - sampler| logprob per trained token
         if gap_n and metrics["sampler_gap"] > GAP_ALARM and cfg.temperature == 1.0:

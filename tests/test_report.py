@@ -183,3 +183,22 @@ def test_publish_refuses_an_oversized_or_existing_folder(run_dir, evals, tmp_pat
     assert "Paired differences" not in (dest / "tables.md").read_text()
     with pytest.raises(SystemExit, match="holds files already"):
         RS.publish(None, dest, evals[:1])
+
+
+def test_seeds_table_lists_each_seed_and_their_mean(evals, tmp_path):
+    """`report.py results/A results/B`: one recipe's seeds side by side (here two folders whose later
+    evaluation is, in turn, each of two evaluations of the same 6 tasks)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    RS.publish(None, a, evals)
+    RS.publish(None, b, [(evals[0][0], evals[1][1]), (evals[1][0], evals[0][1])])  # the same labels, swapped data
+    proc = subprocess.run([sys.executable, "report.py", str(a), str(b)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = [E.load_transcripts(d / "transcripts.jsonl", 4)[0] for _, d in evals]
+    d = R.paired([("x", recs[0]), ("y", recs[1])])[0]["success"]
+    row = [line for line in proc.stdout.splitlines() if line.startswith("| 1 | seed 2 | seed 1 |")]
+    assert len(row) == 1
+    cells = row[0].split(" | ")
+    assert cells[3] == f"{100 * d['diff']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
+    assert cells[4].startswith(f"{-100 * d['diff']:+.1f} [")  # the swapped seed: the opposite difference
+    assert cells[5] == f"{(d['lo'] > 0) + (-d['hi'] > 0)} of 2" and cells[6] == "+0.0 |"

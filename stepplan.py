@@ -1,0 +1,109 @@
+"""What one training step plays: its tasks, and which rank plays which of their episodes.
+
+`tasks_for_step` draws the step's tasks from the train split as a pure function of the step, so a
+resumed run sees exactly the data an uninterrupted one would.
+
+`rank_share` splits the step's `tasks x samples` episodes over the ranks. When the group size divides
+evenly, every rank plays an equal part of EVERY group. Why: the update skips a row whose advantage is
+zero everywhere (a GRPO group whose rewards are all equal), so with whole groups per rank the ranks'
+work follows how many informative groups each happened to draw. With a BabyAI warm start, 75% of the
+groups were constant and the 2 informative ones of a step often sat on one rank: that rank ran the
+whole update while the other waited at the next collective. Split groups keep the ranks level, and
+each rank's part of a group still shares its prompt in the update (prefix.py).
+
+`Curriculum` (`--curriculum`) draws the step's tasks by level instead: a level's weight is the Laplace
+estimate (informative + 1) / (groups + 2) of how often its groups have been informative so far in the
+run, i.e. had rewards that were not all equal. A constant group's advantage is exactly 0 under GRPO and
+RLOO: it teaches nothing, yet costs its whole rollout. Levels the policy always or never solves fade
+without vanishing (their weight stays above 1 / (groups + 2)), so a level it starts to solve returns.
+This is the "levels on which the warm start succeeds sometimes but not always" curriculum, learnt
+online; each step's tasks and informative flags go to RUN/curriculum.jsonl, which a resumed run replays
+to rebuild the weights it had at its checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from pathlib import Path
+
+
+def tasks_for_step(train_ids: list[int], step: int, count: int, seed: int) -> list[int]:
+    """The step's tasks: consecutive slices of per-epoch shuffles of `train_ids`."""
+    out, n = [], len(train_ids)
+    for k in range(step * count, (step + 1) * count):
+        epoch, i = divmod(k, n)
+        order = list(train_ids)
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        out.append(order[i])
+    return out
+
+
+def rank_share(tasks: list[int], samples: int, rank: int, world: int) -> list[tuple[int, int]]:
+    """This rank's (task, group) pairs, group = the task's slot in the step: `samples // world` of every
+    group when `world` divides `samples`, else a contiguous slice of the task-major list of episodes."""
+    if samples % world == 0:
+        return [(t, g) for g, t in enumerate(tasks) for _ in range(samples // world)]
+    plan = [(t, g) for g, t in enumerate(tasks) for _ in range(samples)]
+    per_rank = len(plan) // world
+    return plan[rank * per_rank:(rank + 1) * per_rank]
+
+
+class Curriculum:
+    """Per-level counts of groups and informative groups; `tasks` draws a step's tasks from them (a pure
+    function of the counts, the step and the seed, so every rank draws the same), `observe` updates them
+    from the step's gathered rewards (the same on every rank)."""
+
+    def __init__(self, train_ids: list[int], level, seed: int, log: str | Path | None = None, start: int = 0):
+        self.seed, self.log = seed, Path(log) if log else None
+        self.ids = defaultdict(list)
+        for t in train_ids:
+            self.ids[level(t)].append(t)
+        self.level = {t: name for name, ts in self.ids.items() for t in ts}
+        self.names = sorted(self.ids)
+        self.groups = dict.fromkeys(self.names, 0)
+        self.informative = dict.fromkeys(self.names, 0)
+        if self.log and self.log.exists():  # a resumed run replays the steps before `start`; a step logged
+            # twice (played, crashed before its checkpoint, played again after a resume) counts as its last line
+            rows = {}
+            for line in self.log.read_text().splitlines():
+                row = json.loads(line) if line.strip() else None
+                if row and row["step"] < start:
+                    rows[row["step"]] = row
+            for row in rows.values():
+                self._count(row["tasks"], row["informative"])
+
+    def weights(self) -> list[float]:
+        return [(self.informative[n] + 1) / (self.groups[n] + 2) for n in self.names]
+
+    def tasks(self, step: int, count: int) -> list[int]:
+        rng = random.Random(self.seed * 1_000_003 + step)
+        out: list[int] = []
+        for name in rng.choices(self.names, self.weights(), k=count):
+            pool = self.ids[name]
+            for _ in range(8):  # a task twice in one step would be one group split in two
+                task = rng.choice(pool)
+                if task not in out:
+                    break
+            out.append(task)
+        return out
+
+    def observe(self, step: int, tasks: list[int], rows: list[tuple[int, float]], write: bool) -> float:
+        """`rows`: (group, reward) of every episode of the step over all ranks. Returns the step's share of
+        informative groups; `write` (rank 0) appends the step to the log."""
+        rewards = defaultdict(list)
+        for g, r in rows:
+            rewards[g].append(r)
+        informative = [bool(rewards[g]) and max(rewards[g]) - min(rewards[g]) > 1e-9 for g in range(len(tasks))]
+        self._count(tasks, informative)
+        if write and self.log:
+            with self.log.open("a") as f:
+                f.write(json.dumps({"step": step, "tasks": tasks, "informative": informative}) + "\n")
+        return sum(informative) / max(len(tasks), 1)
+
+    def _count(self, tasks: list[int], informative: list[bool]) -> None:
+        for t, flag in zip(tasks, informative):
+            name = self.level.get(t)
+            if name is not None:
+                self.groups[name] += 1
+                self.informative[name] += int(flag)
