@@ -365,6 +365,11 @@ def check(cfg: Config, world: int) -> str | None:
         # pretrained model, and its memory (a 135M model's update grew a rank to 13 GB)
         return (f"--model {cfg.model} needs the settings of a pretrained model: --preset smollm2 (a small model "
                 "on a CPU) or --preset paper (a 7B model on GPUs); the cpu preset is the tiny model's")
+    if cfg.train_layers:
+        from memplan import model_config
+        layers = model_config(cfg.model).get("num_hidden_layers", cfg.train_layers)
+        if cfg.train_layers > layers:
+            return f"--train-layers {cfg.train_layers} but {cfg.model} has {layers} decoder blocks; give 1..{layers}, or 0 (all)"
     if cfg.memory_check not in ("adapt", "stop", "off"):
         return f"unknown --memory-check {cfg.memory_check!r}; choose adapt, stop or off"
     out = derive(cfg).out

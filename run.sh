@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The two newcomer commands, each with its own set-up:
-#   bash run.sh train                    the CPU learning recipe: SmolLM2 on BabyAI, then the before/after table
+#   bash run.sh train                    the CPU learning recipe: SmolLM2 on BabyAI, its imitation control, the
+#                                        before/after table (SEED=1 bash run.sh train: another training seed)
 #   bash run.sh train [train.py flags]   train.py with those flags (2 ranks), e.g. --env textcraft for the tiny model
 #   bash run.sh test  [pytest flags]     run the test suite
 # Set-up: creates .venv (or refreshes it when requirements.txt changed) with the exact pinned packages,
@@ -39,23 +40,40 @@ shift || true
 case "$cmd" in
   train)
     if [ $# -gt 0 ]; then exec python lifeline.py --standalone --nproc_per_node "${NPROC:-2}" train.py "$@"; fi
-    # No flags: the CPU learning recipe (config.smollm2; in-training evaluation on the validation split),
-    # then final evaluations of the untrained model, the warm start and the RL result on the whole
-    # 200-task test split x 2 samples, the same decoding for all three, their table with paired
-    # bootstrap intervals, and the result folder to commit (RESULTS, default results/babyai-smollm2).
-    out=runs/babyai-smollm2
+    # No flags: the CPU learning recipe (config.smollm2; in-training evaluation on the validation split) for
+    # training seed SEED (default 0); then its control, the warm start continued by imitation alone on new
+    # expert episodes for the wall time RL took; then final evaluations of the untrained model (once for
+    # all seeds), the warm start, the control and the RL result on the whole 200-task test split x 2
+    # samples, the same decoding for all; their table with paired bootstrap intervals; and the result
+    # folder to commit (RESULTS, default results/babyai-smollm2-seedSEED). `python report.py results/A
+    # results/B ...` sets seeds side by side.
+    seed=${SEED:-0}
+    out=runs/babyai-smollm2-seed$seed
+    results=${RESULTS:-results/babyai-smollm2-seed$seed}
+    launch=(python lifeline.py --standalone --nproc_per_node "${NPROC:-2}")
     resume=()
     if compgen -G "$out/checkpoints/step_*" > /dev/null || [ -e "$out/warmstart/config.json" ]; then resume=(--resume); fi
-    python lifeline.py --standalone --nproc_per_node "${NPROC:-2}" train.py --preset smollm2 --out "$out" "${resume[@]}"
-    for pair in untrained=smollm2 warmstart="$out/warmstart" rl="$out"; do
-      python lifeline.py --standalone --nproc_per_node "${NPROC:-2}" evaluate.py --env babyai --env-options '{"brief": true}' \
-        --model "${pair#*=}" --split test --k 2 --turns 8 --max-tokens 40 --max-context 2048 --out "$out/eval-${pair%%=*}"
-    done
-    python report.py untrained="$out/eval-untrained" warm-start="$out/eval-warmstart" \
-      "warm start + GRPO"="$out/eval-rl" | tee "$out/before_after.md"
-    python report.py --publish "$out" "${RESULTS:-results/babyai-smollm2}" untrained="$out/eval-untrained" \
-      warm-start="$out/eval-warmstart" "warm start + GRPO"="$out/eval-rl" > /dev/null
-    echo "result folder: ${RESULTS:-results/babyai-smollm2} (python report.py ${RESULTS:-results/babyai-smollm2} prints its tables)" ;;
+    "${launch[@]}" train.py --preset smollm2 --seed "$seed" --out "$out" "${resume[@]}"
+    # RL's wall time: its steps' (a resumed step counts once), without the validation evaluations
+    rl_seconds=$(python -c "import json, sys; t = {d['step']: d.get('time/step', 0) for d in map(json.loads, open(sys.argv[1]))}; print(round(sum(t.values())))" "$out/metrics.jsonl")
+    if [ ! -e "$out-imitation/warmstart/config.json" ]; then
+      echo "control: imitation from the warm start for ${rl_seconds}s, the time RL's steps took"
+      "${launch[@]}" train.py --preset smollm2 --model "$out/warmstart" --seed $((seed + 1000)) --steps 0 \
+        --bc-episodes 4000 --bc-seconds "$rl_seconds" --out "$out-imitation"
+    fi
+    evaluate() {  # LABEL MODEL DIR: skipped when DIR holds a finished evaluation
+      [ -e "$3/results.json" ] || "${launch[@]}" evaluate.py --env babyai --env-options '{"brief": true}' --model "$2" \
+        --split test --k 2 --turns 8 --max-tokens 40 --max-context 2048 --chunk 16 --out "$3"
+    }
+    evaluate untrained smollm2 runs/babyai-smollm2-untrained
+    evaluate warm-start "$out/warmstart" "$out/eval-warmstart"
+    evaluate imitation "$out-imitation/warmstart" "$out/eval-imitation"
+    evaluate rl "$out" "$out/eval-rl"
+    evals=(untrained=runs/babyai-smollm2-untrained warm-start="$out/eval-warmstart"
+           "warm start + imitation"="$out/eval-imitation" "warm start + GRPO"="$out/eval-rl")
+    python report.py "${evals[@]}" | tee "$out/before_after.md"
+    [ -e "$results/manifest.json" ] || python report.py --publish "$out" "$results" "${evals[@]}" > /dev/null
+    echo "result folder: $results (python report.py $results prints its tables)" ;;
   test) exec python -m pytest "$@" ;;
   *) echo "usage: bash run.sh train [flags] | bash run.sh test [pytest flags]" >&2; exit 2 ;;
 esac

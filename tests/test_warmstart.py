@@ -69,3 +69,24 @@ def test_bc_seconds_ends_imitation_early_at_the_same_step_on_every_rank(chat):
     full = warmstart.clone(model, optimizer, eps, 1, 1, 4096, 0, 0, same, lambda x: x, 1, seconds=0.0)
     assert len(full) == len(eps) and all(0 < nll < 20 for nll in full)
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_imitation_only_run_continues_a_warm_start_within_its_time_budget(tmp_path):
+    """The control of run.sh's recipe: `--steps 0` after a warm start from a warm-started model directory
+    trains by imitation alone, stops at --bc-seconds, saves the result and evaluates it on validation."""
+    first = tmp_path / "first"
+    base = [sys.executable, "train.py", "--env", "babyai", "--engine", "hf", "--bc-epochs", "1", "--bc-batch", "1",
+            "--max-tokens", "8", "--horizon", "3", "--tasks-per-step", "2", "--samples-per-task", "2"]
+    proc = subprocess.run([*base, "--bc-episodes", "2", "--steps", "1", "--out", str(first)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    control = tmp_path / "control"
+    proc = subprocess.run([*base, "--model", str(first / "warmstart"), "--preset", "smollm2", "--seed", "1000",
+                           "--bc-episodes", "40", "--bc-seconds", "0.5", "--steps", "0", "--eval-every", "1",
+                           "--eval-tasks", "2", "--micro-tokens", "4096", "--train-layers", "0", "--out", str(control)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--bc-seconds 0.5 reached" in proc.stdout and "held-out validation success before RL" in proc.stdout
+    assert (control / "warmstart" / "model.safetensors").exists()
+    assert (control / "metrics.jsonl").read_text() == ""  # no RL step
+    assert len((control / "evals.jsonl").read_text().splitlines()) == 2  # the control model on validation
