@@ -119,9 +119,10 @@ def update(model, opt, batch, old, ref_lp, adv, cfg, kl_in_reward) -> dict:
                         kl_in_reward, cfg.seed)
 
 
-def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world, mem) -> dict:
+def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world, mem, drain: bool = True) -> dict:
     """One training step as train.main runs it after the rollout; seconds per phase on this rank.
-    `mem` collects this rank's peak RSS of the step (and of the plain baseline on rank 0)."""
+    `mem` collects this rank's peak RSS of the step (and of the plain baseline on rank 0); `drain=False`
+    skips the extra all-gathers that time "gather_only" (bench/trl_peer_ours.py times the step alone)."""
     times, clock = {"wait": 0.0}, time.perf_counter
 
     def lap(name: str, start: float) -> float:
@@ -165,7 +166,7 @@ def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world,
     t = lap("log", t)
     mem["step"] = max(mem.get("step", 0.0), rss_mb("VmHWM"))
     t = clock()
-    for _ in distributed.full_tensors(policy, getattr(torch, args.dtype)):
+    for _ in distributed.full_tensors(policy, getattr(torch, args.dtype)) if drain else ():
         pass
     times["gather_only"] = clock() - t
     # the same tokens through a plain transformers step on rank 0 alone; the other ranks wait at the barrier
