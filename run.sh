@@ -63,7 +63,7 @@ case "$cmd" in
     fi
     evaluate() {  # LABEL MODEL DIR: skipped when DIR holds a finished evaluation
       [ -e "$3/results.json" ] || "${launch[@]}" evaluate.py --env babyai --env-options '{"brief": true}' --model "$2" \
-        --split test --k 2 --turns 8 --max-tokens 40 --max-context 2048 --chunk 16 --out "$3"
+        --split test --k 2 --turns 8 --max-tokens 40 --max-context 2048 --out "$3"
     }
     evaluate untrained smollm2 runs/babyai-smollm2-untrained
     evaluate warm-start "$out/warmstart" "$out/eval-warmstart"
