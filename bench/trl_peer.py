@@ -89,6 +89,17 @@ def means(steps: list[dict]) -> dict:
 
 # ------------------------------------------------------------------ the TRL venv
 
+def side_parser(description: str):
+    """The command line both sides' scripts take (trl_peer.py passes every value)."""
+    ap = argparse.ArgumentParser(description=description)
+    for flag in ("--model-dir", "--dtype", "--result"):
+        ap.add_argument(flag, required=True)
+    for flag in ("--steps", "--prompts", "--samples", "--prompt-tokens", "--completion-tokens", "--micro", "--seed"):
+        ap.add_argument(flag, type=int, required=True)
+    ap.add_argument("--checkpointing", action="store_true")
+    return ap
+
+
 def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 

@@ -13,7 +13,6 @@ slowest rank's; generation is closed by a barrier as the others are. Rank 0 writ
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -30,7 +29,7 @@ import distributed  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
 from rollout import Episode  # noqa: E402
 import train_step  # noqa: E402  (bench/, the script's own folder)
-from trl_peer import chat_ids, means, prompt_texts, reward  # noqa: E402
+from trl_peer import chat_ids, means, prompt_texts, reward, side_parser  # noqa: E402
 
 PHASES = ("generation", "collate", "logprobs", "advantages", "update", "sync", "log")
 
@@ -61,12 +60,7 @@ def episodes(engine, prompts: list[list[int]], first: int, samples: int, tokens:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for flag in ("--model-dir", "--dtype", "--result"):
-        ap.add_argument(flag, required=True)
-    for flag in ("--steps", "--prompts", "--samples", "--prompt-tokens", "--completion-tokens", "--micro", "--seed"):
-        ap.add_argument(flag, type=int, required=True)
-    ap.add_argument("--checkpointing", action="store_true")
+    ap = side_parser(__doc__.split("\n")[0])
     ap.add_argument("--no-shared-prefix", action="store_true")
     args = ap.parse_args()
     if not vllm_available():

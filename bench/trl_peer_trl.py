@@ -10,7 +10,6 @@ wrapped with a clock. update = step - generation phase. Writes the figures as JS
 """
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import shutil
@@ -20,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trl_peer import chat_ids, means, prompt_texts, reward  # noqa: E402
+from trl_peer import chat_ids, means, prompt_texts, reward, side_parser  # noqa: E402
 
 
 def hash_reward(completion_ids, **_) -> list[float]:
@@ -44,12 +43,7 @@ def timed(obj, name: str, into: dict, key: str, seen: list | None = None):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for flag in ("--model-dir", "--dtype", "--result"):
-        ap.add_argument(flag, required=True)
-    for flag in ("--steps", "--prompts", "--samples", "--prompt-tokens", "--completion-tokens", "--micro", "--seed"):
-        ap.add_argument(flag, type=int, required=True)
-    ap.add_argument("--checkpointing", action="store_true")
+    ap = side_parser(__doc__.split("\n")[0])
     args = ap.parse_args()
 
     import torch
