@@ -114,36 +114,40 @@ def vllm_available() -> bool:
 def make_engine(model_dir: str, kind: str = "auto", device: str = "cpu", dtype: str = "float32",
                 max_model_len: int = 4096, seed: int = 0, gpu_memory_utilization: float = 0.5, max_seqs: int = 32):
     """`max_seqs`: how many episodes one generate call carries (this rank's batch); on CPU the KV cache
-    is sized to hold them all at full context (`kv_cache_gib`), unless VLLM_CPU_KVCACHE_SPACE is set."""
+    is sized to hold them all at full context (`kv_cache_bytes`), unless VLLM_CPU_KVCACHE_SPACE is set."""
     if kind == "auto":
         kind = "vllm" if vllm_available() else "hf"
     if kind == "vllm":
-        if device == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib(model_dir, dtype, max_model_len, max_seqs))
-        return VLLMEngine(model_dir, device, dtype, max_model_len, seed, gpu_memory_utilization)
+        kv = None
+        if device == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            kv = kv_cache_bytes(model_dir, dtype, max_model_len, max_seqs)
+        return VLLMEngine(model_dir, device, dtype, max_model_len, seed, gpu_memory_utilization, kv_cache_bytes=kv)
     if kind == "hf":
         return HFEngine(model_dir, device, dtype)
     raise ValueError(f"unknown engine {kind!r}; use auto, vllm or hf")
 
 
-def kv_cache_gib(model_dir: str, dtype: str, max_model_len: int, max_seqs: int, cap: int = 8) -> int:
-    """GiB of KV cache for `max_seqs` sequences of `max_model_len` tokens, plus a quarter for prefix
-    caching, between 1 and `cap`. Too small a cache thrashes: 32 SmolLM2 BabyAI episodes with vLLM's
-    CPU default of 1 GiB took about 15 minutes instead of a few (preempted requests recompute)."""
+def kv_cache_bytes(model_dir: str, dtype: str, max_model_len: int, max_seqs: int, cap_gib: int = 8) -> int:
+    """Bytes of KV cache for `max_seqs` sequences of `max_model_len` tokens, plus a quarter for prefix
+    caching, at most `cap_gib` GiB: what the step's episodes need, to the byte (VLLM_CPU_KVCACHE_SPACE
+    counts whole GiB: a 16-episode SmolLM2 batch of 660 tokens needs 0.15 GB, and would get 1 GiB). Too
+    small a cache thrashes: 32 SmolLM2 BabyAI episodes in 1 GiB took about 15 minutes instead of a few
+    (preempted requests recompute)."""
     from transformers import AutoConfig
 
     c = AutoConfig.from_pretrained(model_dir)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     per_token = 2 * c.num_hidden_layers * kv_heads * head_dim * (4 if dtype == "float32" else 2)  # K and V
-    need = per_token * max_model_len * max_seqs * 1.25 / 2**30
-    return int(min(cap, max(1, -(-need // 1))))
+    return int(min(cap_gib * 2**30, per_token * max_model_len * max_seqs * 1.25))
 
 
 class VLLMEngine:
-    def __init__(self, model_dir, device, dtype, max_model_len, seed, gpu_memory_utilization):
+    def __init__(self, model_dir, device, dtype, max_model_len, seed, gpu_memory_utilization,
+                 kv_cache_bytes: int | None = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: 2 s start, not 12 s
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")          # GiB of KV cache on CPU (make_engine sizes it)
+        if device == "cpu" and kv_cache_bytes is None:  # vLLM's CPU default otherwise takes what it finds
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         # ERROR only on CPU: the CPU build warns on every generate call ("doesn't allow to use
         # torch.set_num_threads after the thread binding") and about LD_PRELOAD allocators. On GPU keep
         # warnings: "Following weights were not loaded from checkpoint" is how a weight stream whose
@@ -155,6 +159,8 @@ class VLLMEngine:
         options = dict(model=model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        enforce_eager=device == "cpu",  # the CPU backend has no graph capture
                        enable_prefix_caching=True)      # each turn's prompt extends the last one
+        if kv_cache_bytes is not None:  # the KV cache sized to the batch (make_engine), not in whole GiB
+            options.update(kv_cache_memory_bytes=kv_cache_bytes)
         if device == "cuda":
             options.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:

@@ -33,7 +33,7 @@ The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
                                   being recomputed, and its gradients); without: L x T x A + T x A,
                                   A = c(8H + 3kv + 5I) + 16H bytes a token; plus 3 x T x H x c
   generator                GPU vLLM: 0 while training (sleep level 2), `gpu_util` x GPU during
-                                  rollouts; CPU vLLM: P x c + its KV cache, always (engine.kv_cache_gib);
+                                  rollouts; CPU vLLM: P x c + its KV cache, always (engine.kv_cache_bytes);
                                   HF engine: P x c always
   runtime                  on CPU the process's resident size now, plus vLLM's imports (measured
                                   about 300 MB); on GPU the CUDA context and allocator slack (1 GB)
@@ -126,13 +126,12 @@ def model_config(name: str) -> dict:
     return AutoConfig.from_pretrained(name).to_dict()
 
 
-def vllm_cpu_kv_gib(s: Shape, dtype: str, max_context: int, seqs: int, cap: int = 8) -> int:
-    """engine.kv_cache_gib's sizing of vLLM's CPU KV cache: `seqs` sequences of `max_context` tokens plus a
-    quarter for prefix caching, whole GiB between 1 and `cap` (VLLM_CPU_KVCACHE_SPACE overrides it)."""
+def vllm_cpu_kv_gib(s: Shape, dtype: str, max_context: int, seqs: int, cap: int = 8) -> float:
+    """engine.kv_cache_bytes's sizing of vLLM's CPU KV cache, in GiB: `seqs` sequences of `max_context`
+    tokens plus a quarter for prefix caching, at most `cap` (VLLM_CPU_KVCACHE_SPACE, whole GiB, overrides it)."""
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         return int(float(os.environ["VLLM_CPU_KVCACHE_SPACE"]))
-    need = 2 * s.L * s.kv * (4 if dtype == "float32" else 2) * max_context * seqs * 1.25 / GB
-    return int(min(cap, max(1, -(-need // 1))))
+    return min(cap, 2 * s.L * s.kv * (4 if dtype == "float32" else 2) * max_context * seqs * 1.25 / GB)
 
 
 def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl: bool, engine: str, device: str,

@@ -122,11 +122,14 @@ def test_hf_engine_in_bfloat16(model_dir):
         assert torch.allclose(ref[torch.arange(len(s.ids)), s.ids], torch.tensor(s.logprobs), atol=0.05)
 
 
-def test_vllm_engine_in_bfloat16(model_dir):
+def test_vllm_engine_in_bfloat16(model_dir, monkeypatch):
     if not engines.vllm_available():
         pytest.skip("vLLM is not installed")
-    eng = engines.make_engine(model_dir, "vllm", dtype="bfloat16", max_model_len=512)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # whole GiB; unset, the cache is sized to the batch
+    eng = engines.make_engine(model_dir, "vllm", dtype="bfloat16", max_model_len=512, max_seqs=12)
     try:
+        need = engines.kv_cache_bytes(model_dir, "bfloat16", 512, 12)
+        assert eng.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes == need < 2**30
         eng.sleep()  # no-ops on CPU
         eng.wake()
         model = AutoModelForCausalLM.from_pretrained(model_dir)
