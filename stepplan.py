@@ -81,7 +81,7 @@ class Curriculum:
         out: list[int] = []
         for name in rng.choices(self.names, self.weights(), k=count):
             pool = self.ids[name]
-            for _ in range(8):  # a task twice in one step would be one group split in two
+            for _ in range(8):  # avoid spending two of the step's groups on one task
                 task = rng.choice(pool)
                 if task not in out:
                     break
