@@ -96,7 +96,9 @@ class Config:
                             "lower blocks frozen; cheaper backward); 0: every parameter", 0)
     seed: int = doc("base seed; ranks, tasks and samples derive theirs from it", 0)
     out: str = doc("run directory (config, metrics.jsonl, plots, checkpoints)", "runs/{env}-{algo}")
-    eval_every: int = doc("every N steps (and at the end), one sampled episode per validation task at the final turn budget; 0: never", 0)
+    eval_every: int = doc("every N steps (and at the end), one sampled episode per validation task; 0: never", 0)
+    eval_turns: int = doc("turn budget of those evaluations; 0: the schedule's largest. Fix it to compare runs of "
+                          "different schedules on one footing (horizons.py)", 0)
     eval_tasks: int = doc("validation tasks per in-training evaluation (the first ones of the val split), shared over ranks", 16)
     save_every: int = doc("checkpoint every N steps (and at the end); 0: only at the end", 0)
     keep: int = doc("checkpoints kept on disk", 2)
@@ -327,8 +329,8 @@ def check(cfg: Config, world: int) -> str | None:
             return f"--tasks-file {cfg.tasks_file}: {exc}"
     if cfg.bc_episodes and not hasattr(env_class(cfg.env), "expert"):
         return f"--bc-episodes needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set --bc-episodes 0"
-    if min(cfg.eval_every, cfg.eval_tasks, cfg.bc_episodes, cfg.train_layers, cfg.env_timeout, cfg.bc_seconds) < 0:
-        return "--eval-every, --eval-tasks, --bc-episodes, --train-layers, --env-timeout and --bc-seconds must be >= 0"
+    if min(cfg.eval_every, cfg.eval_tasks, cfg.eval_turns, cfg.bc_episodes, cfg.train_layers, cfg.env_timeout, cfg.bc_seconds) < 0:
+        return "--eval-every, --eval-tasks, --eval-turns, --bc-episodes, --train-layers, --env-timeout and --bc-seconds must be >= 0"
     if cfg.steps == 0 and not cfg.bc_episodes:
         return "--steps 0 trains nothing without a warm start; give --steps 1 or more, or --bc-episodes (imitation only)"
     for name in ("steps", "tasks_per_step", "samples_per_task", "max_tokens", "max_context", "ppo_epochs",

@@ -89,14 +89,15 @@ def note_provenance(out: str | Path) -> None:
         f.write(json.dumps(provenance()) + "\n")
 
 
-def log_outcomes(path: str | Path, step: int, name: str, episodes, subtask) -> None:
+def log_outcomes(path: str | Path, step: int, name: str, episodes, subtask, budget: int) -> None:
     """One in-training evaluation's per-task outcomes, every rank's gathered to rank 0 and appended to
     `path` (evals.jsonl): step and metric name as in metrics.jsonl (`name`/success there is the mean of
-    these rows' success), task id, subtask, reward, success, turns, why it ended. A collective."""
+    these rows' success), task id, subtask, turn budget, reward, success, turns, why it ended. A collective."""
     import torch.distributed as dist
 
     rows = [{"step": step, "eval": name, "task_id": e.task_id, "subtask": subtask(e.task_id),
-             "reward": round(float(e.reward), 6), "success": bool(e.success), "turns": e.turns, "end": e.end}
+             "budget": budget, "reward": round(float(e.reward), 6), "success": bool(e.success), "turns": e.turns,
+             "end": e.end}
             for e in episodes]
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, rows)

@@ -272,9 +272,10 @@ def main(argv=None):
         sync(engine, policy, dtype)
 
     evaluate_now = cfg.eval_every and cfg.eval_tasks
+    eval_turns = cfg.eval_turns or max(d.schedule.budgets)  # one footing for runs of different schedules
     first = {}
     if evaluate_now and start == 0:  # validation success of the model RL starts from (the warm start, if any)
-        first = quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, max(d.schedule.budgets), threads, d.framing,
+        first = quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, eval_turns, threads, d.framing,
                            out, start, "eval_start")
         print0(f"held-out validation success before RL: {first['eval_start/success']:.3f} ({len(val_ids)} tasks)")
     for step in range(start, cfg.steps):
@@ -359,7 +360,7 @@ def main(argv=None):
         last = step + 1 == cfg.steps
         if evaluate_now and ((step + 1) % cfg.eval_every == 0 or last):
             t = time.perf_counter()
-            metrics.update(quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, max(d.schedule.budgets), threads,
+            metrics.update(quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, eval_turns, threads,
                                       d.framing, out, step))
             metrics["time/eval"] = time.perf_counter() - t
         if log:
@@ -424,7 +425,7 @@ def quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, turns: int, pool,
         eps += rollout(engine, chat, env_pool, make_env, part, turns, cfg.max_tokens, cfg.max_context,
                        temperature=cfg.temperature, top_p=cfg.top_p, seed=(cfg.seed * 7919 - 1) * 131,  # "step -1"
                        first=lo + i, pool=pool, framing=framing, env_timeout=cfg.env_timeout or None)[0]
-    log_outcomes(out / "evals.jsonl", step, name, eps, env_pool[0].subtask)  # the curve, traceable per task
+    log_outcomes(out / "evals.jsonl", step, name, eps, env_pool[0].subtask, turns)  # the curve, traceable per task
     reward, success, n = all_sum(sum(e.reward for e in eps), sum(e.success for e in eps), len(mine))
     return {f"{name}/reward": reward / max(n, 1), f"{name}/success": success / max(n, 1)}
 
