@@ -1,4 +1,4 @@
-"""ScalingInter in miniature (the paper's second claim, section 3.3 and Figure 8): from one warm start,
+"""ScalingInter in miniature (the paper's second claim, after "RL works"): from one warm start,
 GRPO under staged turn budgets against a fixed short and a fixed long budget, with the same steps,
 seeds and everything else; each run's validation curve at one turn budget (--eval-turns), each final
 model on the same test tasks, the paired differences between schedules, and a figure.
@@ -55,34 +55,46 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return a, extra
 
 
+def as_args(flags: dict) -> list[str]:
+    return [part for key, value in flags.items() for part in (f"--{key}", str(value))]
+
+
 def run(a: argparse.Namespace, extra: list[str]) -> None:
     out, warm = Path(a.out), Path(a.warmstart)
     if "/" in a.warmstart and not (warm / "config.json").exists():
         raise SystemExit(f"error: {warm} holds no model (config.json); give train.py's warmstart/ directory")
-    launch = LAUNCH + [str(a.nproc)]
+    launch, failed = LAUNCH + [str(a.nproc)], []
     for seed in a.seeds:
         for arm, horizon in a.arms.items():
             d = out / f"{arm}-seed{seed}"
             if not (d / "checkpoints" / f"step_{a.steps:06d}").exists():
                 print(f"== {arm} (--horizon {horizon}), seed {seed}: {d}", flush=True)
-                subprocess.run(launch + ["train.py", "--preset", a.preset, "--model", str(warm), "--bc-episodes", "0",
-                                         "--horizon", horizon, "--seed", str(seed), "--steps", str(a.steps),
-                                         "--eval-every", str(a.eval_every), "--eval-tasks", str(a.eval_tasks),
-                                         "--eval-turns", str(a.eval_turns), "--out", str(d),
-                                         *(["--resume"] if (d / "config.json").exists() else []), *extra], check=True)
-            evaluate(launch, d, d, d / "eval-test", a)
-    evaluate(launch, out / f"{next(iter(a.arms))}-seed{a.seeds[0]}", warm, out / "eval-warmstart", a)
+                flags = {"preset": a.preset, "model": warm, "bc-episodes": 0, "horizon": horizon, "seed": seed,
+                         "steps": a.steps, "eval-every": a.eval_every, "eval-tasks": a.eval_tasks,
+                         "eval-turns": a.eval_turns, "out": d}
+                resume = ["--resume"] if (d / "config.json").exists() else []
+                code = subprocess.run(launch + ["train.py", *as_args(flags), *resume, *extra]).returncode
+                if code:  # the other arms still run; this one resumes when the command is repeated
+                    failed.append(f"{d} (train.py exit {code})")
+                    continue
+            failed += evaluate(launch, d, d, d / "eval-test", a)
+        if seed == a.seeds[0]:  # the common "before", as soon as one run has set the decoding
+            failed += evaluate(launch, out / f"{next(iter(a.arms))}-seed{seed}", warm, out / "eval-warmstart", a)
+    if failed:
+        raise SystemExit("error: not finished: " + "; ".join(failed) + ". Run the same command again to resume.")
 
 
-def evaluate(launch: list[str], run_dir: Path, model: Path, dest: Path, a: argparse.Namespace) -> None:
-    """The test evaluation of `model` with the run's env and decoding (skipped when finished)."""
+def evaluate(launch: list[str], run_dir: Path, model: Path, dest: Path, a: argparse.Namespace) -> list[str]:
+    """The test evaluation of `model` with the run's env and decoding (skipped when finished); what failed."""
     if (dest / "results.json").exists():
-        return
+        return []
+    if not (run_dir / "config.json").exists():
+        return [f"{dest} (no run to take the decoding from)"]
     cfg = json.loads((run_dir / "config.json").read_text())
-    subprocess.run(launch + ["evaluate.py", "--env", cfg["env"], "--env-options", cfg["env_options"], "--model",
-                             str(model), "--split", "test", "--limit", str(a.test_tasks), "--k", str(a.k), "--turns",
-                             str(a.eval_turns), "--max-tokens", str(cfg["max_tokens"]), "--max-context",
-                             str(cfg["max_context"]), "--engine", cfg["engine"], "--out", str(dest)], check=True)
+    flags = {"model": model, "split": "test", "limit": a.test_tasks, "k": a.k, "turns": a.eval_turns, "out": dest,
+             **{key.replace("_", "-"): cfg[key] for key in ("env", "env_options", "max_tokens", "max_context", "engine")}}
+    code = subprocess.run(launch + ["evaluate.py", *as_args(flags)]).returncode
+    return [f"{dest} (evaluate.py exit {code})"] if code else []
 
 
 def publish_all(runs: Path, dest: Path) -> None:
