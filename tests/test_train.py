@@ -43,6 +43,7 @@ def metrics(out):
     (Config(steps=0), "--steps 0 trains nothing without a warm start"),
     (Config(steps=-1, env="babyai", bc_episodes=4), "--steps must be positive"),
     (Config(bc_seconds=-1), "--bc-seconds must be >= 0"),
+    (Config(eval_turns=-2), "--eval-turns"),
     (Config(train_layers=15), "--train-layers 15 but tiny has 2 decoder blocks"),
     (Config(checkpoint_format="zip"), "--checkpoint-format"),
 ])
