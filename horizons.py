@@ -9,13 +9,18 @@ model on the same test tasks, the paired differences between schedules, and a fi
     python horizons.py results/horizons-babyai                           # its tables, from its files only
 
 A run (out/ARM-seedS) or evaluation already finished is skipped, an interrupted one resumes, so the
-first command can be repeated after a crash. The warm start is evaluated on the test tasks too (the
+first command can be repeated after a crash. Arms whose schedules agree on their first k steps (a staged
+arm and the fixed arm of its first stage) play those steps once: a later arm of the same seed starts from
+the earlier one's checkpoint at step k, with its log rows before k. A run is a pure function of its seed
+and step (schedule.py, stepplan.py, the sampling seeds), so this is the run it would have been on its own. The warm start is evaluated on the test tasks too (the
 common "before"). The figure is results/NAME/validation.png. Tests: tests/test_horizons.py
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -46,12 +51,13 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--nproc", type=int, default=2)
     a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     a.arms = dict(arm.split("=", 1) for arm in a.arms)
-    if not a.eval_turns:
-        from schedule import parse as schedule
-        try:
-            a.eval_turns = max(max(schedule(h).budgets) for h in a.arms.values())
-        except ValueError as exc:
-            raise SystemExit(f"error: --arms: {exc}") from None
+    from schedule import parse as schedule
+    try:
+        parsed = [schedule(h) for h in a.arms.values()]
+    except ValueError as exc:
+        raise SystemExit(f"error: --arms: {exc}") from None
+    a.eval_turns = a.eval_turns or max(max(s.budgets) for s in parsed)
+    a.save_every = math.gcd(*[s.stage_length or a.steps for s in parsed])  # a checkpoint at every stage boundary
     return a, extra
 
 
@@ -67,11 +73,13 @@ def run(a: argparse.Namespace, extra: list[str]) -> None:
     for seed in a.seeds:
         for arm, horizon in a.arms.items():
             d = out / f"{arm}-seed{seed}"
+            if not (d / "config.json").exists():
+                reuse(out, arm, seed, a)
             if not (d / "checkpoints" / f"step_{a.steps:06d}").exists():
                 print(f"== {arm} (--horizon {horizon}), seed {seed}: {d}", flush=True)
                 flags = {"preset": a.preset, "model": warm, "bc-episodes": 0, "horizon": horizon, "seed": seed,
                          "steps": a.steps, "eval-every": a.eval_every, "eval-tasks": a.eval_tasks,
-                         "eval-turns": a.eval_turns, "out": d}
+                         "eval-turns": a.eval_turns, "save-every": a.save_every, "keep": a.steps, "out": d}
                 resume = ["--resume"] if (d / "config.json").exists() else []
                 code = subprocess.run(launch + ["train.py", *as_args(flags), *resume, *extra]).returncode
                 if code:  # the other arms still run; this one resumes when the command is repeated
@@ -82,6 +90,35 @@ def run(a: argparse.Namespace, extra: list[str]) -> None:
             failed += evaluate(launch, out / f"{next(iter(a.arms))}-seed{seed}", warm, out / "eval-warmstart", a)
     if failed:
         raise SystemExit("error: not finished: " + "; ".join(failed) + ". Run the same command again to resume.")
+
+
+def shared_steps(first: str, second: str, steps: int) -> int:
+    """How many leading steps two --horizon schedules give the same turn budget."""
+    from schedule import parse as schedule
+
+    s1, s2 = schedule(first), schedule(second)
+    return next((k for k in range(steps) if s1(k) != s2(k)), steps)
+
+
+def reuse(out: Path, arm: str, seed: int, a: argparse.Namespace) -> None:
+    """Start `arm` from the checkpoint of an earlier arm of this seed at the last step their schedules
+    share (when it is saved): the checkpoint, and the log rows of the steps before it."""
+    names = list(a.arms)
+    options = [(shared_steps(a.arms[other], a.arms[arm], a.steps), other) for other in names[:names.index(arm)]]
+    for k, other in sorted(options, reverse=True):
+        src = out / f"{other}-seed{seed}"
+        ckpt = src / "checkpoints" / f"step_{k:06d}"
+        if 0 < k < a.steps and (ckpt / "state.json").exists():
+            d = out / f"{arm}-seed{seed}"
+            shutil.copytree(ckpt, d / "checkpoints" / ckpt.name)
+            (d / "checkpoints" / "latest").write_text(ckpt.name + "\n")
+            for name in ("metrics.jsonl", "evals.jsonl", "episodes.jsonl"):
+                rows = [r for r in _jsonl(src / name) if r["step"] < k]
+                (d / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+            shutil.copyfile(src / "config.json", d / "config.json")  # train.py rewrites it with this arm's flags
+            print(f"== {arm}, seed {seed}: steps 0-{k - 1} are {other}'s (the same turn budgets): starting from "
+                  f"{ckpt}", flush=True)
+            return
 
 
 def evaluate(launch: list[str], run_dir: Path, model: Path, dest: Path, a: argparse.Namespace) -> list[str]:

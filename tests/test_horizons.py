@@ -17,11 +17,18 @@ def test_two_schedules_are_trained_evaluated_alike_and_published(tmp_path):
             "--seeds", "0", "--steps", "2", "--eval-every", "1", "--eval-tasks", "2", "--test-tasks", "3", "--k", "2",
             "--nproc", "1", "--", "--env", "babyai", "--engine", "hf", "--max-tokens", "8", "--tasks-per-step", "2",
             "--samples-per-task", "2"]
+    outputs = []
     for _ in range(2):  # the second call finds everything finished and runs nothing
         proc = subprocess.run([sys.executable, "horizons.py", *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "== short" not in proc.stdout
+        outputs.append(proc.stdout)
+    assert "== staged, seed 0: steps 0-0 are short's" in outputs[0] and "== short" not in outputs[1]
+    rows = {arm: [json.loads(line) for line in (runs / f"{arm}-seed0" / "metrics.jsonl").read_text().splitlines()]
+            for arm in ("short", "staged")}
+    assert [r["step"] for r in rows["staged"]] == [0, 1]
+    assert rows["staged"][0] == rows["short"][0]  # step 0 has 2 turns in both: played once, by short
+    assert rows["staged"][1]["horizon"] == 3 and rows["short"][1]["horizon"] == 2
     for arm in ("short", "staged"):
         cfg = json.loads((runs / f"{arm}-seed0" / "config.json").read_text())
         assert cfg["eval_turns"] == 3 and cfg["bc_episodes"] == 0
@@ -36,6 +43,12 @@ def test_two_schedules_are_trained_evaluated_alike_and_published(tmp_path):
     assert (dest / "validation.png").stat().st_size > 1000
     test = [json.loads(line) for line in (dest / "staged-seed0" / "evals" / "staged" / "outcomes.jsonl").open()]
     assert len(test) == 6 and {r["budget"] for r in test} == {3}
+
+
+def test_shared_steps_of_two_schedules():
+    assert horizons.shared_steps("5,8@4", "5", 8) == 4
+    assert horizons.shared_steps("5,8@4", "8", 8) == 0
+    assert horizons.shared_steps("8", "8", 8) == 8
 
 
 def test_pooled_keeps_each_seeds_samples_apart():
