@@ -211,7 +211,7 @@ def figure(dest: Path, out: Path) -> Path:
                 by_point[x].append(100 * s["curve"][x][0] / s["curve"][x][1])
         xs = sorted(by_point)
         ax.plot(xs, [sum(by_point[x]) / len(by_point[x]) for x in xs], color=color, lw=2.2, marker="o",
-                label=f"{arm} (mean of {len(seeds)} seeds)")
+                label=f"{arm} (mean of {len(seeds)} seed{'s' * (len(seeds) > 1)})")
     ax.set(xlabel="GRPO steps", ylabel="validation success %", title=f"{dest.name}: turn schedules from one warm start")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
