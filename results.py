@@ -7,8 +7,8 @@ SE, Pass@k, the paired task-level bootstrap; and the in-training validation curv
 
 Everything a table needs and no weights: run/ (train.py's config.json, metrics.jsonl, in-training
 validation outcomes evals.jsonl, provenance.jsonl), one evals/<label>/ per evaluation (its settings,
-per-task outcomes, a few trimmed transcripts, the commits that produced them), manifest.json and
-tables.md. `publish` writes a folder, `render` rebuilds every table from its files only; report.py's
+per-task outcomes, the mix of actions per subtask over all its transcripts, a few trimmed transcripts,
+the commits that produced them), manifest.json and tables.md. `publish` writes a folder, `render` rebuilds every table from its files only; report.py's
 command line calls both. Tests: python -m pytest tests/test_report.py
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from report import clustered_se, k_values, naive_se, paired_table, pairs, stats, task_means
@@ -42,6 +42,25 @@ def trim(messages: list[dict], chars: int = 1500, head: int = 3, tail: int = 12)
     if len(cut) > head + tail:
         cut = cut[:head] + [{"role": "note", "content": f"[{len(cut) - head - tail} messages cut]"}] + cut[-tail:]
     return cut
+
+
+def action_mix(records: list[dict]) -> dict[str, dict[str, int]]:
+    """{subtask: {verb: assistant turns}} over the records' transcripts: what a model does, not only how
+    often it wins. The verb is the first word of the parsed action ("go", "pickup", "toggle"; "pick up"
+    counts as "pickup"), or "(invalid)" for a reply without a parsable action. A drift of one action into
+    every subtask (an RL run rewarding GoTo's "go to" everywhere) shows here before it shows in success."""
+    from envs import parse_action
+
+    mix = defaultdict(Counter)
+    for r in records:
+        for m in r["messages"]:
+            if m["role"] != "assistant":
+                continue
+            action, error = parse_action(m["content"])
+            words = action.lower().split()
+            verb = "(invalid)" if error or not words else "pickup" if words[:2] == ["pick", "up"] else words[0]
+            mix[r["subtask"]][verb] += 1
+    return {sub: dict(c.most_common()) for sub, c in sorted(mix.items())}
 
 
 def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], keep: int = 3,
@@ -79,6 +98,7 @@ def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], kee
                          key=lambda r: (r["budget"], r["task_id"], r["sample"]))
         (folder / "outcomes.jsonl").write_text("".join(json.dumps({k: r[k] for k in OUTCOME_KEYS}) + "\n"
                                                        for r in records))
+        (folder / "actions.json").write_text(json.dumps(action_mix(records), indent=1) + "\n")
         wins = [r for r in records if r["success"]]
         shown = (wins[:1] + [r for r in records if not r["success"]] + wins[1:])[:keep]  # a success, then failures
         (folder / "transcripts.jsonl").write_text("".join(
@@ -143,8 +163,33 @@ def render(dest: Path, resamples: int = 10_000, seed: int = 0) -> str:
                          *[f"{100 * row[f'pass@{j}']:.1f}" if f"pass@{j}" in row else "" for j in ks]]
                 lines.append("| " + " | ".join(map(str, cells)) + " |")
         lines += paired_table(runs, resamples, seed)
+        lines += actions_table([(e["label"], dest / e["dir"] / "actions.json") for e in manifest["evals"]])
     lines += validation_curve(dest / "run")
     return "\n".join(lines) + "\n"
+
+
+def actions_table(files: list[tuple[str, Path]], top: int = 5) -> list[str]:
+    """Per subtask, each evaluation's share of assistant turns for the `top` verbs most used over all of
+    them (folders published before actions.json existed have none: no table)."""
+    mixes = [(label, json.loads(f.read_text())) for label, f in files if f.exists()]
+    if not mixes:
+        return []
+    totals = Counter()
+    for _, mix in mixes:
+        for counts in mix.values():
+            totals.update(counts)
+    verbs = [v for v, _ in totals.most_common(top)]
+    lines = ["", "## Actions per subtask (share of assistant turns, %; each evaluation's actions.json)", "",
+             "| subtask | evaluation | turns | " + " | ".join(verbs) + " | other |", "|" + "---|" * (len(verbs) + 4)]
+    for sub in sorted({s for _, mix in mixes for s in mix}):
+        for label, mix in mixes:
+            counts = mix.get(sub, {})
+            n = sum(counts.values())
+            if n:
+                shares = [100 * counts.get(v, 0) / n for v in verbs]
+                lines.append(f"| {sub} | {label} | {n} | " + " | ".join(f"{x:.0f}" for x in shares)
+                             + f" | {100 - sum(shares):.0f} |")
+    return lines
 
 
 def validation_curve(run: Path) -> list[str]:

@@ -18,8 +18,9 @@ autocast; ours: FSDP2's mixed precision).
 - TRL (bench/trl_peer_trl.py, the TRL venv's python): one process, 2 torch threads, GRPOTrainer with
   `use_vllm=False` (transformers' generate). Step: `on_step_begin` to `on_step_end`; generation:
   `_generate_and_score_completions` (tokenize, generate, rewards, advantages); update: the rest.
-- Ours (bench/trl_peer_ours.py, under torchrun): 2 ranks, FSDP2 over gloo, each rank sampling its share
-  with its own in-process vLLM engine, then bench/train_step.py's `step` (collate, advantages,
+- Ours (bench/trl_peer_ours.py, under torchrun): `--nproc` ranks (default 2, one thread each), FSDP2 over
+  gloo, each rank sampling its share with its own in-process vLLM engine (`--nproc 1`: one process with
+  all the cores' threads and one engine, which is what `python train.py` runs), then bench/train_step.py's `step` (collate, advantages,
   `train.update` with the shared prefix unless `--no-shared-prefix`, weight sync into vLLM, logging
   reductions), each phase the slowest rank's. A micro-batch's token budget is one group's tokens.
 
@@ -249,6 +250,8 @@ def main() -> None:
                     help="auto: bfloat16 where the CPU has AMX-BF16 or AVX512-BF16, else float32")
     ap.add_argument("--side", choices=("both", "trl", "ours"), default="both", help="which side(s) to run")
     ap.add_argument("--no-shared-prefix", action="store_true", help="ours: the padded update, not the shared prefix")
+    ap.add_argument("--nproc", type=int, default=2, help="ours: ranks (default 2; 1 is one process with all the "
+                    "cores' threads, as TRL's, and one engine, as in `python train.py`)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "trl_peer.json", help="the JSON figures")
     args = ap.parse_args()
@@ -256,8 +259,9 @@ def main() -> None:
         return install(args.venv)
     if args.steps < 2:
         raise SystemExit("error: --steps must be at least 2 (the first step is a warm-up)")
-    if args.micro != args.samples or args.prompts % 2:
-        raise SystemExit("error: --micro must equal --samples (one group per micro-batch), --prompts be even (2 ranks)")
+    if args.micro != args.samples or args.nproc < 1 or args.prompts % args.nproc:
+        raise SystemExit("error: --micro must equal --samples (one group per micro-batch), and --prompts be a "
+                         "multiple of --nproc (each rank samples its share)")
     if args.side != "ours" and not venv_python(args.venv).exists():
         raise SystemExit(f"error: no TRL venv at {args.venv}; create it with `python bench/trl_peer.py --install`")
 
@@ -290,7 +294,9 @@ def main() -> None:
                 cmd = [str(venv_python(args.venv)), str(HERE / "trl_peer_trl.py")] + flags
                 env.update(OMP_NUM_THREADS="2")
             else:
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                # torchrun gives each rank 1 thread when it starts several; one rank gets the cores
+                env.update(OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // args.nproc)))
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
                        str(HERE / "trl_peer_ours.py")] + flags + (["--no-shared-prefix"] if args.no_shared_prefix else [])
             runs[f"{side}/{c}"] = run_side(side, cmd, env, result)
     info["runs"] = runs

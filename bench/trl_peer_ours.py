@@ -1,11 +1,11 @@
-"""The project's side of bench/trl_peer.py (which says what is measured), under torchrun with 2 ranks:
+"""The project's side of bench/trl_peer.py (which says what is measured), under torchrun (2 ranks, or 1):
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 bench/trl_peer_ours.py --model-dir DIR \\
         --dtype bfloat16 --steps 3 --prompts 4 --samples 4 --prompt-tokens 600 --completion-tokens 48 \\
         --micro 4 --seed 0 --result out.json [--checkpointing] [--no-shared-prefix]
 
 Each rank holds its FSDP2 shard (gloo) and its own in-process vLLM engine (`engine.make_engine`). A step:
-each rank samples its share of the prompts (`--prompts` / 2, each `--samples` times, exactly
+each rank samples its share of the prompts (`--prompts` / ranks, each `--samples` times, exactly
 `--completion-tokens` tokens: vLLM's `min_tokens`), the episodes get bench/trl_peer.py's hash reward,
 then bench/train_step.py's `step` runs train.py's phases (2)-(6) on them: collate, advantages,
 `train.update` (on-policy, no KL), the weight sync into vLLM, the logging reductions. Every phase is the

@@ -148,8 +148,8 @@ def test_publish_and_regenerate(run_dir, evals, tmp_path):
     proc = subprocess.run([sys.executable, "report.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    assert files == ["evals/seed-1/config.json", "evals/seed-1/outcomes.jsonl", "evals/seed-1/provenance.jsonl",
-                     "evals/seed-1/transcripts.jsonl", "evals/seed-2/config.json", "evals/seed-2/outcomes.jsonl",
+    assert files == ["evals/seed-1/actions.json", "evals/seed-1/config.json", "evals/seed-1/outcomes.jsonl", "evals/seed-1/provenance.jsonl",
+                     "evals/seed-1/transcripts.jsonl", "evals/seed-2/actions.json", "evals/seed-2/config.json", "evals/seed-2/outcomes.jsonl",
                      "evals/seed-2/provenance.jsonl", "evals/seed-2/transcripts.jsonl", "manifest.json",
                      "run/config.json", "run/evals.jsonl", "run/metrics.jsonl", "run/provenance.jsonl", "tables.md"]
     assert sum(p.stat().st_size for p in dest.rglob("*")) < 200_000 and not list(dest.rglob("*.safetensors"))
@@ -170,8 +170,22 @@ def test_publish_and_regenerate(run_dir, evals, tmp_path):
         assert f"| {label} | 1 | 6 | 24 | {100 * row['success']:.1f} |" in md and f"| {row['avg_reward']:.3f} |" in md
     diff = R.paired([(label, E.load_transcripts(d / "transcripts.jsonl", 4)[0]) for label, d in evals])[0]["success"]
     assert f"| 1 | seed 2 | seed 1 | 6 | {100 * diff['diff']:+.1f} [{100 * diff['lo']:+.1f}, {100 * diff['hi']:+.1f}] |" in md
+    mix = json.loads((dest / "evals/seed-1/actions.json").read_text())  # every assistant turn of all 24 episodes
+    assert sum(sum(c.values()) for c in mix.values()) == sum(
+        sum(m["role"] == "assistant" for m in r["messages"]) for r in source)
+    assert "## Actions per subtask" in md
     curve = md.split("## Validation curve")[1].strip().splitlines()[4:]
     assert [line.split(" | ")[0] for line in curve] == ["| 0", "| 1", "| 2"] and all(line.endswith("| yes |") for line in curve)
+
+
+def test_action_mix_counts_verbs_per_subtask():
+    reply = lambda action: {"role": "assistant", "content": f"Thought:\nx\n\nAction:\n{action}"}  # noqa: E731
+    records = [{"subtask": "Pickup", "messages": [{"role": "user", "content": "Action:\ngo to a"}, reply("go to red ball 1"),
+                                                  reply("pick up red ball 1"), reply("Pickup red ball 1")]},
+               {"subtask": "GoTo", "messages": [reply("turn left"), {"role": "assistant", "content": "no action here"}]}]
+    assert RS.action_mix(records) == {"GoTo": {"turn": 1, "(invalid)": 1}, "Pickup": {"pickup": 2, "go": 1}}
+    table = "\n".join(RS.actions_table([]))
+    assert table == ""
 
 
 def test_publish_refuses_an_oversized_or_existing_folder(run_dir, evals, tmp_path):
