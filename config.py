@@ -54,6 +54,9 @@ class Config:
     samples_per_task: int = doc("episodes per task (the GRPO/RLOO group size)", 4)
     curriculum: bool = doc("draw each step's tasks by level, weighting a level by how often its groups were informative "
                            "(rewards not all equal) so far in the run; off: uniform shuffles of the train split", False)
+    min_groups: int = doc("step the optimizer only once the rollouts since its last step held this many informative "
+                          "groups over all ranks, adding up gradients in between (stepplan.Accumulation); a "
+                          "checkpoint step and the last step always step; 0: every step", 0)
     horizon: str = doc("turn budget schedule: 'N' fixed, or 'N1,N2,..@S' ScalingInter stages of S steps", "4,6@2")
     max_tokens: int = doc("token cap of one assistant reply", 48)
     max_context: int = doc("token cap of a whole episode (prompt + all turns)", 2048)
@@ -329,8 +332,13 @@ def check(cfg: Config, world: int) -> str | None:
             return f"--tasks-file {cfg.tasks_file}: {exc}"
     if cfg.bc_episodes and not hasattr(env_class(cfg.env), "expert"):
         return f"--bc-episodes needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set --bc-episodes 0"
-    if min(cfg.eval_every, cfg.eval_tasks, cfg.eval_turns, cfg.bc_episodes, cfg.train_layers, cfg.env_timeout, cfg.bc_seconds) < 0:
-        return "--eval-every, --eval-tasks, --eval-turns, --bc-episodes, --train-layers, --env-timeout and --bc-seconds must be >= 0"
+    for name in ("eval_every", "eval_tasks", "eval_turns", "bc_episodes", "train_layers", "env_timeout", "bc_seconds",
+                 "min_groups"):
+        if getattr(cfg, name) < 0:
+            return f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}"
+    if cfg.min_groups and (cfg.ppo_epochs > 1 or cfg.mini_batches > 1):
+        return ("--min-groups adds up one optimizer step's gradients over several rollout steps; it needs "
+                "--ppo-epochs 1 and --mini-batches 1")
     if cfg.steps == 0 and not cfg.bc_episodes:
         return "--steps 0 trains nothing without a warm start; give --steps 1 or more, or --bc-episodes (imitation only)"
     for name in ("steps", "tasks_per_step", "samples_per_task", "max_tokens", "max_context", "ppo_epochs",

@@ -48,7 +48,7 @@ from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
 from distributed import all_max, all_sum, load, setup_distributed, sync
 from engine import make_engine
 from rollout import ChatFormat, abandoned, rollout
-from stepplan import Curriculum, rank_share, tasks_for_step
+from stepplan import Accumulation, Curriculum, informative_groups, rank_share, tasks_for_step
 from runlog import RunLog, log_episodes, log_outcomes, memory_metrics, trim_heap
 from models import resolve_model
 
@@ -64,14 +64,15 @@ GAP_ALARM = 0.5  # mean |trainer - sampler| logprob per token above which a weig
 
 
 def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: dict, old, ref_lp, values, adv,
-           returns, kl_in_reward: bool, seed: int, reduce_sum=None, reduce_max=None) -> dict:
+           returns, kl_in_reward: bool, seed: int, reduce_sum=None, reduce_max=None, apply: bool = True) -> dict:
     """Step (4): `ppo_epochs` x `mini_batches` optimizer steps over the batch, each accumulating
     micro-batches within the token budget. Every term (policy, KL, entropy) is aggregated by `cfg.agg`
     over the mini-batch's policy tokens (or sequences) of all ranks (`reduce_sum`, default all ranks),
     so the gradient does not depend on the split and the KL keeps its weight under every aggregation.
     `old` None means the update is exactly on-policy (one epoch, one mini-batch): the "old" logprobs
     are then this forward's own, detached, and no separate scoring pass is needed (as verl does).
-    Returns sums of this rank's loss terms (its share of each global mean) and the update count."""
+    `apply` False leaves the gradients in place for a later step's update (`--min-groups`) instead of
+    stepping the optimizer. Returns sums of this rank's loss terms (its share of each global mean) and the update count."""
     if old is None and (cfg.ppo_epochs > 1 or cfg.mini_batches > 1):
         raise ValueError("old=None (on-policy) needs ppo_epochs == 1 and mini_batches == 1: later updates "
                          "need the logprobs from before the first one (score the batch first)")
@@ -131,7 +132,7 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
                     (vl * world).backward()
                     stats["value_loss"] += vl.item()
             faults.point("update")  # test-only: gradients made, optimizer not stepped (faults.py)
-            for key, opt in optimizers.items():
+            for key, opt in optimizers.items() if apply else ():
                 norm_ = torch.nn.utils.clip_grad_norm_(models[key].parameters(), cfg.grad_clip)
                 norm_ = norm_.full_tensor() if hasattr(norm_, "full_tensor") else norm_
                 if key == "policy":
@@ -257,6 +258,7 @@ def main(argv=None):
         checkpoint.restore_rng(resume_from, rank, world)
     curriculum = Curriculum(train_ids, getattr(env_pool[0], "level", env_pool[0].subtask), cfg.seed,
                             out / "curriculum.jsonl", start) if cfg.curriculum else None  # stepplan.py
+    accumulation = Accumulation(cfg.min_groups)  # a checkpoint always steps: a resume starts with none pending
     threads = ThreadPoolExecutor(max_workers=max(1, min(cfg.env_workers, per_rank)))
     make_env = lambda: envs.make(cfg.env, **d.env_options)  # noqa: E731
     log = None
@@ -318,27 +320,36 @@ def main(argv=None):
         # (3) advantages
         token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * mask if kl_in_reward else None
         adv, returns = global_advantages(cfg, d, batch, values, token_kl)
-        if curriculum:  # every rank counts the same gathered (group, reward) rows
+        if curriculum or cfg.min_groups:  # every rank counts the same gathered (group, reward) rows
             rows = [None] * world
             dist.all_gather_object(rows, [(g, e.reward) for (_, g), e in zip(mine, episodes)])
-            informative = {"curriculum/informative": curriculum.observe(step, tasks, sum(rows, []), rank == 0)}
+            rows = sum(rows, [])
+        informative = {}
+        if curriculum:
+            informative["curriculum/informative"] = curriculum.observe(step, tasks, rows, rank == 0)
+        last = step + 1 == cfg.steps
+        saves = last or bool(cfg.save_every and (step + 1) % cfg.save_every == 0)
+        stepped = True  # every step updates the weights unless --min-groups holds its gradients back
+        if cfg.min_groups:
+            stepped = accumulation.due(sum(informative_groups(rows, len(tasks))), must=saves)
+            informative["pending_groups"] = accumulation.pending
         log_episodes(out, step, cfg, episodes, batch, adv, tokenizer, env_pool)  # a few, at eval steps (runlog.py)
 
         # (4) updates: epochs x mini-batches x micro-batches, losses over the global token count
         t = time.perf_counter()
         stats = update(cfg, models, optimizers, schedulers, batch, old, ref_lp, values, adv, returns, kl_in_reward,
-                       seed=cfg.seed * 31 + step)
+                       seed=cfg.seed * 31 + step, apply=stepped)
         timing["time/update"] = time.perf_counter() - t
 
         # (5) weight sync into this rank's generator
         t = time.perf_counter()
-        engine.wake()
+        engine.wake()  # even for weights held back (--min-groups): a GPU engine's sleep discarded its copy
         sync(engine, policy, dtype)
         timing["time/sync"] = time.perf_counter() - t
 
         # (6) log and checkpoint
-        metrics = {**_rollout_metrics(episodes, horizon), **(first if step == start else {}),
-                   **(informative if curriculum else {})}
+        metrics = {**_rollout_metrics(episodes, horizon), **(first if step == start else {}), **informative,
+                   **({"stepped": float(stepped)} if cfg.min_groups else {})}
         # every loss term is a rank's share of a global mean: summed over ranks, averaged over updates
         keys = ("loss", "kl", "entropy", "clip_frac", "value_loss")
         metrics.update({k: v / stats["updates"] for k, v in zip(keys, all_sum(*(stats[k] for k in keys)))})
@@ -357,7 +368,6 @@ def main(argv=None):
             timing["time/trim"] = trim_heap()
         metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
         metrics.update(memory_metrics())
-        last = step + 1 == cfg.steps
         if evaluate_now and ((step + 1) % cfg.eval_every == 0 or last):
             t = time.perf_counter()
             metrics.update(quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, eval_turns, threads,
@@ -365,7 +375,7 @@ def main(argv=None):
             metrics["time/eval"] = time.perf_counter() - t
         if log:
             log.log(step, metrics)
-        if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
+        if saves:
             t = time.perf_counter()
             try:
                 checkpoint.save(ckpt_root, step + 1, models, optimizers, tokenizer, rank, world, cfg.keep, d.sharded,

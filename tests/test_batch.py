@@ -116,6 +116,20 @@ def test_large_vocabulary_peak_memory_is_bounded():
     assert peak_mb(True) > 500
 
 
+def two_turn_batch(vocab: int, rows: int = 4) -> dict:
+    """`rows` random two-turn episodes of 30, 35, ... tokens, two to a group."""
+    from rollout import Episode
+
+    episodes = []
+    for i in range(rows):
+        ids = torch.randint(0, vocab, (30 + 5 * i,)).tolist()
+        ep = Episode(i, i // 2, ids[:10], 10)
+        ep.append(ids[10:20], True, [-1.0] * 10)
+        ep.append(ids[20:], False)
+        episodes.append(ep)
+    return B.collate(episodes, 0)
+
+
 def test_rows_with_zero_advantage_are_skipped_without_changing_the_update():
     """train.update skips the forward/backward of rows whose advantage is 0 everywhere (GRPO's constant
     groups) when nothing else touches them: the parameters after the step equal the unskipped run's."""
@@ -123,18 +137,10 @@ def test_rows_with_zero_advantage_are_skipped_without_changing_the_update():
 
     import config as configs
     import train
-    from rollout import Episode
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.float32)
-    episodes = []
-    for i in range(4):
-        ids = torch.randint(0, base.config.vocab_size, (30 + 5 * i,)).tolist()
-        ep = Episode(i, i // 2, ids[:10], 10)
-        ep.append(ids[10:20], True, [-1.0] * 10)
-        ep.append(ids[20:], False)
-        episodes.append(ep)
-    batch = B.collate(episodes, 0)
+    batch = two_turn_batch(base.config.vocab_size)
     adv = batch["mask"] * torch.tensor([0.0, 0.0, 1.5, -0.5])[:, None]      # rows 0, 1: a constant group
     cfg = configs.Config(kl_coef=0.0, micro_tokens=64)
     results = []
@@ -151,3 +157,35 @@ def test_rows_with_zero_advantage_are_skipped_without_changing_the_update():
     for p, q in zip(skipping.parameters(), full.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(p, q) for p, q in zip(skipping.parameters(), base.parameters()))
+
+
+def test_held_back_gradients_add_up_to_one_step_on_both_batches():
+    """--min-groups: update(apply=False) leaves the weights as they were and keeps its gradients; the next
+    update(apply=True) steps on the sum of both batches' gradients, each taken at the same weights."""
+    import copy
+
+    import config as configs
+    import train
+
+    torch.manual_seed(1)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.float32)
+    batches = [two_turn_batch(base.config.vocab_size) for _ in range(2)]
+    advs = [b["mask"] * torch.tensor(a)[:, None] for b, a in zip(batches, ([1.0, -1.0, 0.5, -0.5], [0.0, 0.0, 2.0, -1.0]))]
+    cfg = configs.Config(kl_coef=0.0, micro_tokens=64, grad_clip=1e9)  # clipping would scale each run its own way
+    ident = (lambda *xs: [float(x) for x in xs], lambda n: n)
+
+    def run(steps):  # [(batch index, apply)] with plain SGD at lr 1: the weights move by minus the gradient
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        for i, apply in steps:
+            train.update(cfg, {"policy": model}, {"policy": opt}, None, batches[i], None, None, None, advs[i], advs[i],
+                         False, 0, *ident, apply=apply)
+            if not apply:  # held back: unchanged weights, gradients kept for the next step
+                assert all(torch.equal(p, q) for p, q in zip(model.parameters(), base.parameters()))
+                assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+        return model
+
+    pooled, first, second = run([(0, False), (1, True)]), run([(0, True)]), run([(1, True)])
+    for b, p, q, r in zip(base.parameters(), pooled.parameters(), first.parameters(), second.parameters()):
+        torch.testing.assert_close(b - p, (b - q) + (b - r), rtol=1e-4, atol=1e-6)
+    assert any(not torch.equal(p, b) for p, b in zip(pooled.parameters(), base.parameters()))

@@ -51,3 +51,14 @@ def test_curriculum_favours_levels_with_informative_groups_and_replays_on_resume
         replayed._count(row["tasks"], row["informative"])
     assert again.groups == replayed.groups and again.informative == replayed.informative
     assert again.tasks(20, 8) == replayed.tasks(20, 8)
+
+
+def test_accumulation_steps_once_enough_groups_were_informative_and_always_at_a_checkpoint():
+    from stepplan import Accumulation, informative_groups
+
+    rows = [(0, 1.0), (0, 0.0), (1, 0.0), (1, 0.0), (2, 0.3), (2, 0.3 + 1e-6)]
+    assert informative_groups(rows, 4) == [True, False, True, False]  # group 3 has no episode here
+    acc = Accumulation(5)
+    assert [acc.due(n, must=False) for n in (2, 2, 1, 0, 4)] == [False, False, True, False, False]
+    assert acc.pending == 4 and acc.due(0, must=True) and acc.pending == 0  # a checkpoint flushes
+    assert all(Accumulation(0).due(n, must=False) for n in (0, 1))  # --min-groups 0: every step

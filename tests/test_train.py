@@ -44,6 +44,8 @@ def metrics(out):
     (Config(steps=-1, env="babyai", bc_episodes=4), "--steps must be positive"),
     (Config(bc_seconds=-1), "--bc-seconds must be >= 0"),
     (Config(eval_turns=-2), "--eval-turns"),
+    (Config(min_groups=-1), "--min-groups must be >= 0"),
+    (Config(min_groups=4, mini_batches=2), "--min-groups adds up"),
     (Config(train_layers=15), "--train-layers 15 but tiny has 2 decoder blocks"),
     (Config(checkpoint_format="zip"), "--checkpoint-format"),
 ])
@@ -209,6 +211,26 @@ def test_no_two_replies_of_a_run_share_a_seed_when_groups_span_ranks(tmp_path):
     seeds = [s for rank_calls in calls for c in rank_calls if c["call"] == "generate" for s in c["seeds"]]
     assert len(seeds) == 2 * 2 * 4 and None not in seeds  # steps x turns x episodes
     assert len(set(seeds)) == len(seeds)
+
+
+@pytest.mark.slow
+def test_held_back_steps_keep_the_weights_and_the_gpu_engine_generating(tmp_path):
+    """--min-groups beyond what 3 steps can hold: the first two steps add up gradients without stepping;
+    the last step (a checkpoint) always steps. The GPU engine's sleep discards its weights every step,
+    so a held-back step still reloads them (skipping that sync broke the next step's generate), and the
+    sampler's logprobs match the trainer's at every step: the weights did not move in between."""
+    pytest.importorskip("vllm")
+    out = tmp_path / "run"
+    _, calls = standin_run(["--env", "tests.toy:Digits", "--steps", "3", "--horizon", "2", "--tasks-per-step", "2",
+                            "--samples-per-task", "2", "--max-tokens", "6", "--min-groups", "100", "--out", str(out)],
+                           tmp_path / "calls")
+    rows = metrics(out)
+    assert [r["stepped"] for r in rows] == [0.0, 0.0, 1.0] and rows[-1]["pending_groups"] == 0
+    assert rows[0]["pending_groups"] <= rows[1]["pending_groups"] <= 4
+    assert all(r["grad_norm"] == 0 for r in rows[:2])
+    assert all(r["sampler_gap"] < 1e-3 for r in rows), [r["sampler_gap"] for r in rows]
+    for rank_calls in calls:
+        assert [c["call"] for c in rank_calls].count("reload_weights") == 3
 
 
 def test_in_training_evaluation_without_a_validation_split_is_refused_before_start_up():
