@@ -19,8 +19,14 @@ torchrun, with the `external_launcher` executor, so each rank owns one engine in
 `collective_rpc("reload_weights", ...)` can be handed a Python iterator of tensors (passing tensors as
 RPC arguments across processes does not work). On GPU, `sleep()` discards weights and KV cache
 (level 2); `sync_weights` brings back the weight memory only and reloads it, `wake()` then brings back
-the KV cache, so the KV cache is never resident while the trainer streams full tensors in. On CPU
-sleep and wake do nothing (vLLM's CPU build has no sleep mode).
+the KV cache, so the KV cache is never resident while the trainer streams full tensors in. vLLM's CPU
+build has no sleep mode, so on CPU `sleep()` frees the same two things by hand (`_release_cpu`): it
+drops every linear layer's packed weight (vLLM's CPU layers multiply with a oneDNN or SGL copy of the
+weight, held by the layer's `cpu_linear` closure) and shrinks the KV cache's storage to nothing. The
+next `sync_weights` packs new weights (the reload repacks every layer it loads; `_restore_cpu` packs the
+rest, i.e. an LM head tied to the embedding) and `wake()` gives the KV cache its storage back, untouched
+until used. For SmolLM2 with 16 sequences of 2,048 tokens that is 1.2 GB less in every rank while the
+trainer updates (the whole zero-filled KV cache and the packed copies).
 
 Pick one with `make_engine(model_dir, kind="auto"|"vllm"|"hf", ...)`: auto takes vLLM when it imports.
 `cpu_supports_bf16()` says whether bfloat16 is the faster dtype on this CPU.
@@ -199,14 +205,16 @@ class VLLMEngine:
         return samples
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        if "weights" in self.released:
+        if "weights" in self.released and self.device == "cuda":
             # Weight memory only: the KV cache stays free while the trainer's full tensors stream in;
             # wake() restores it. The woken weights are garbage until the reload below overwrites them.
             self.llm.wake_up(tags=["weights"])
-            self.released.discard("weights")
         # `reload_weights` runs the model's own `load_weights` (which fuses q/k/v and gate/up) over the
         # iterator in place; it works only with the in-process executors chosen above.
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        if "weights" in self.released and self.device != "cuda":
+            self.llm.collective_rpc(_restore_cpu, kwargs={"kv": False})  # pack what the reload did not
+        self.released.discard("weights")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
 
     def close(self) -> None:
@@ -216,10 +224,14 @@ class VLLMEngine:
             engine_core.shutdown()
 
     def sleep(self) -> None:
-        """Free the GPU memory of weights and KV cache. Level 2 discards the weights instead of copying
-        them to host memory (level 1): the next sync_weights overwrites them anyway."""
-        if self.device == "cuda" and not self.released:
-            self.llm.sleep(level=2)
+        """Free the memory of weights and KV cache. On GPU level 2 discards the weights instead of copying
+        them to host memory (level 1): the next sync_weights overwrites them anyway. On CPU, by hand
+        (module docstring)."""
+        if not self.released:
+            if self.device == "cuda":
+                self.llm.sleep(level=2)
+            else:
+                self.llm.collective_rpc(_release_cpu)
             self.released = {"weights", "kv_cache"}
 
     def wake(self) -> None:
@@ -227,8 +239,44 @@ class VLLMEngine:
         through sync_weights, so before it this does nothing (train.py calls `wake(); sync(...)`, then
         `wake()` before the next rollout); generate refuses to run on discarded weights."""
         if self.released == {"kv_cache"}:
-            self.llm.wake_up(tags=["kv_cache"])  # vLLM resumes scheduling once nothing is left asleep
+            if self.device == "cuda":
+                self.llm.wake_up(tags=["kv_cache"])  # vLLM resumes scheduling once nothing is left asleep
+            else:
+                self.llm.collective_rpc(_restore_cpu, kwargs={"kv": True})
             self.released.clear()
+
+
+def _release_cpu(worker) -> None:
+    """Runs in the (in-process) CPU worker: drop every packed linear weight, shrink the KV cache's
+    storage to 0 bytes (its layers' tensors are views of one storage; they stay valid objects)."""
+    runner = worker.model_runner
+    for module in runner.get_model().modules():
+        if getattr(module, "cpu_linear", None) is not None:
+            module.cpu_linear = None  # the closure held the packed copy; a generate now fails loudly
+    storages = {}
+    for t in runner.kv_caches:
+        storage = t.untyped_storage()
+        storages.setdefault(storage.data_ptr(), (storage, storage.nbytes()))
+    runner.released_kv = list(storages.values())
+    for storage, _ in runner.released_kv:
+        storage.resize_(0)
+
+
+def _restore_cpu(worker, kv: bool) -> None:
+    """Runs in the CPU worker after a weight reload: pack the linear layers the reload left without a
+    packed weight (kv False), or give the KV cache its storage back (kv True; its contents are stale,
+    and the prefix cache was reset by the reload)."""
+    runner = worker.model_runner
+    if kv:
+        for storage, size in getattr(runner, "released_kv", []):
+            storage.resize_(size)
+        runner.released_kv = []
+        return
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    for module in runner.get_model().modules():
+        if hasattr(module, "cpu_linear") and module.cpu_linear is None:
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)  # e.g. a head tied to the embedding
 
 
 def _guard_llvmlite() -> None:

@@ -130,8 +130,6 @@ def test_vllm_engine_in_bfloat16(model_dir, monkeypatch):
     try:
         need = engines.kv_cache_bytes(model_dir, "bfloat16", 512, 12)
         assert eng.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes == need < 2**30
-        eng.sleep()  # no-ops on CPU
-        eng.wake()
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         prompts = prompts_of([7, 20, 33, 20, 9, 14] * 2)
         caps = [2, 6, 30, 30, 30, 12] * 2
@@ -142,9 +140,13 @@ def test_vllm_engine_in_bfloat16(model_dir, monkeypatch):
             with torch.no_grad():
                 ref = torch.log_softmax(model(torch.tensor([p + s.ids])).logits[0, len(p) - 1:-1], -1)
             assert torch.allclose(ref[torch.arange(len(s.ids)), s.ids], torch.tensor(s.logprobs), atol=0.05)
+        eng.sleep()  # on CPU by hand: packed weights dropped, the KV cache's storage shrunk to nothing
+        with pytest.raises(RuntimeError, match="sync_weights"):
+            eng.generate([prompts[0]], engines.Sampling(max_tokens=2))
         with torch.no_grad():  # a bf16 weight stream that sharpens the logits (std about 0.16 -> 1.6)
             model.model.norm.weight *= 10
         eng.sync_weights((k, v.to(torch.bfloat16)) for k, v in model.state_dict().items())
+        eng.wake()  # the KV cache's storage back
         greedy = eng.generate([prompts[0]], engines.Sampling(max_tokens=8, temperature=0.0))[0]
         with torch.no_grad():
             ref = torch.log_softmax(model(torch.tensor([prompts[0] + greedy.ids])).logits[0, 6:-1], -1)
@@ -167,8 +169,11 @@ class RecordingLLM:
     def wake_up(self, tags=None):
         self.calls.append(("wake_up", tags))
 
-    def collective_rpc(self, method, kwargs):
-        self.calls.append((method, [name for name, _ in kwargs["weights_iterator"]]))
+    def collective_rpc(self, method, kwargs=None):
+        if method == "reload_weights":
+            self.calls.append((method, [name for name, _ in kwargs["weights_iterator"]]))
+        else:  # the CPU engine's own release and restore, run in the worker
+            self.calls.append((method.__name__, kwargs))
 
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
@@ -201,11 +206,21 @@ def test_vllm_sleep_discards_weights_and_sync_restores_them_before_the_kv_cache(
     assert not eng.released
 
 
-def test_vllm_sleep_and_wake_do_nothing_on_cpu():
+def test_vllm_cpu_sleep_releases_by_hand_and_restores_packing_then_kv_cache():
     eng = recording_engine("cpu")
     eng.sleep()
+    eng.sleep()
+    with pytest.raises(RuntimeError, match="sync_weights"):
+        eng.generate([[1]], engines.Sampling())
+    eng.wake()  # nothing to wake before the weights are back
+    eng.sync_weights(iter([("w", torch.zeros(1))]))
+    with pytest.raises(RuntimeError, match="wake"):
+        eng.generate([[1]], engines.Sampling())
     eng.wake()
-    assert eng.llm.calls == [] and not eng.released
+    eng.wake()
+    assert eng.llm.calls == [("_release_cpu", None), ("reload_weights", ["w"]), ("_restore_cpu", {"kv": False}),
+                             ("reset_prefix_cache",), ("_restore_cpu", {"kv": True})]
+    assert not eng.released
 
 
 def test_cpu_supports_bf16_reads_the_cpu_flags(tmp_path):
