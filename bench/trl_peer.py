@@ -19,10 +19,11 @@ autocast; ours: FSDP2's mixed precision).
   `use_vllm=False` (transformers' generate). Step: `on_step_begin` to `on_step_end`; generation:
   `_generate_and_score_completions` (tokenize, generate, rewards, advantages); update: the rest.
 - Ours (bench/trl_peer_ours.py, under torchrun): `--nproc` ranks (default 2, one thread each), FSDP2 over
-  gloo, each rank sampling its share with its own in-process vLLM engine (`--nproc 1`: one process with
-  all the cores' threads and one engine, which is what `python train.py` runs), then bench/train_step.py's `step` (collate, advantages,
-  `train.update` with the shared prefix unless `--no-shared-prefix`, weight sync into vLLM, logging
-  reductions), each phase the slowest rank's. A micro-batch's token budget is one group's tokens.
+  gloo, each rank sampling its share with its own in-process vLLM engine, asleep during the update as in
+  train.py (`--nproc 1`: plain python, one process with all the cores' threads and one engine, which is
+  what `python train.py` runs), then bench/train_step.py's `step` (collate, advantages, `train.update`
+  with the shared prefix unless `--no-shared-prefix`, weight sync into vLLM, logging reductions), each
+  phase the slowest rank's. A micro-batch's token budget is one group's tokens.
 
 Each side runs `--steps` steps; the first is a warm-up, left out of the means. Memory: this script samples
 the process tree it started (TRL's process; torchrun and its ranks) every 0.2 s: the peak sum of RSS
@@ -296,8 +297,11 @@ def main() -> None:
             else:
                 # torchrun gives each rank 1 thread when it starts several; one rank gets the cores
                 env.update(OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // args.nproc)))
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
-                       str(HERE / "trl_peer_ours.py")] + flags + (["--no-shared-prefix"] if args.no_shared_prefix else [])
+                # one rank runs as plain python (as `python train.py` does): no launcher process beside it
+                launch = ([] if args.nproc == 1 else
+                          ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc)])
+                cmd = [sys.executable, *launch, str(HERE / "trl_peer_ours.py")] + flags + (
+                    ["--no-shared-prefix"] if args.no_shared_prefix else [])
             runs[f"{side}/{c}"] = run_side(side, cmd, env, result)
     info["runs"] = runs
     report(info, settings, args)

@@ -98,7 +98,9 @@ def main() -> None:
               f"tokens ({'shared prefix' if shared else 'padded'})", flush=True)
     for s in range(args.steps):
         start, cpu = time.perf_counter(), time.process_time()
+        engine.wake()
         eps = episodes(engine, mine, rank * share, args.samples, c)
+        engine.sleep()  # as train.py: the engine's packed weights and KV cache are freed for the update
         dist.barrier()
         gen = time.perf_counter() - start
         times = train_step.step(policy, None, opt, None, engine, cfg, d, step_args, eps, pad_id, world, mem,
