@@ -33,8 +33,9 @@ The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
                                   being recomputed, and its gradients); without: L x T x A + T x A,
                                   A = c(8H + 3kv + 5I) + 16H bytes a token; plus 3 x T x H x c
   generator                GPU vLLM: 0 while training (sleep level 2), `gpu_util` x GPU during
-                                  rollouts; CPU vLLM: P x c + its KV cache, always (engine.kv_cache_bytes);
-                                  HF engine: P x c always
+                                  rollouts; CPU vLLM: its embedding (V x H x c) while training (sleep()
+                                  frees its packed weights and KV cache by hand), P x c + its KV cache
+                                  during rollouts (engine.kv_cache_bytes); HF engine: P x c always
   runtime                  on CPU the process's resident size now, plus vLLM's imports (measured
                                   about 300 MB); on GPU the CUDA context and allocator slack (1 GB)
 
@@ -162,7 +163,10 @@ def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl:
     engine_bytes = {"none": 0.0, "hf": P * c,
                     "vllm": (P * c + vllm_cpu_kv_gib(s, dtype, max_context, seqs) * GB) if device == "cpu" else 0.0
                     }[engine]
-    train["generator (" + ("asleep" if engine == "vllm" and device == "cuda" else engine) + ")"] = engine_bytes
+    # vLLM sleeps through the update (engine.py): on GPU it holds nothing; on CPU only the embedding,
+    # which vLLM's CPU layers do not pack (a head tied to it is packed again at the sync)
+    train["generator (" + ("asleep" if engine == "vllm" else engine) + ")"] = (
+        engine_bytes if engine != "vllm" else s.V * s.H * c if device == "cpu" else 0.0)
     train["runtime"] = runtime
     rollout = {k: v for k, v in train.items()
                if k.startswith(("sharded fp32 par", "AdamW", "reference", "critic", "runtime"))}
