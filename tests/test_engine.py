@@ -146,6 +146,7 @@ def test_vllm_engine_in_bfloat16(model_dir, monkeypatch):
         with torch.no_grad():  # a bf16 weight stream that sharpens the logits (std about 0.16 -> 1.6)
             model.model.norm.weight *= 10
         eng.sync_weights((k, v.to(torch.bfloat16)) for k, v in model.state_dict().items())
+        eng.llm.collective_rpc(dirty_the_heap)  # a busy allocator hands the KV cache back full of garbage
         eng.wake()  # the KV cache's storage back
         greedy = eng.generate([prompts[0]], engines.Sampling(max_tokens=8, temperature=0.0))[0]
         with torch.no_grad():
@@ -155,6 +156,13 @@ def test_vllm_engine_in_bfloat16(model_dir, monkeypatch):
         assert sum(greedy.logprobs) / 8 > -5  # the old weights give every token about -7.4
     finally:
         eng.close()
+
+
+def dirty_the_heap(worker):
+    """Runs in the CPU worker: fill and free blocks the size of the released KV cache, so the allocator
+    hands their NaN-filled memory to the next allocation of that size."""
+    for _, size in worker.model_runner.released_kv:
+        torch.full((size // 4,), float("nan"))
 
 
 class RecordingLLM:
