@@ -24,9 +24,10 @@ build has no sleep mode, so on CPU `sleep()` frees the same two things by hand (
 drops every linear layer's packed weight (vLLM's CPU layers multiply with a oneDNN or SGL copy of the
 weight, held by the layer's `cpu_linear` closure) and shrinks the KV cache's storage to nothing. The
 next `sync_weights` packs new weights (the reload repacks every layer it loads; `_restore_cpu` packs the
-rest, i.e. an LM head tied to the embedding) and `wake()` gives the KV cache its storage back, zeroed (the CPU
-attention kernel reads masked slots too, so garbage there would be NaN). For SmolLM2 with 16 sequences of 2,048 tokens that is 1.2 GB less in every rank while the
-trainer updates (the whole zero-filled KV cache and the packed copies).
+rest, i.e. an LM head tied to the embedding) and `wake()` gives the KV cache its storage back, zeroed
+(the CPU attention kernel reads masked slots too, so garbage there would be NaN). For SmolLM2 with 16
+sequences of 2,048 tokens that is 1.2 GB less in every rank while the trainer updates (the whole
+KV cache and the packed copies).
 
 Pick one with `make_engine(model_dir, kind="auto"|"vllm"|"hf", ...)`: auto takes vLLM when it imports.
 `cpu_supports_bf16()` says whether bfloat16 is the faster dtype on this CPU.
