@@ -44,21 +44,36 @@ def trim(messages: list[dict], chars: int = 1500, head: int = 3, tail: int = 12)
     return cut
 
 
-def action_mix(records: list[dict]) -> dict[str, dict[str, int]]:
-    """{subtask: {verb: assistant turns}} over the records' transcripts: what a model does, not only how
-    often it wins. The verb is the first word of the parsed action ("go", "pickup", "toggle"; "pick up"
-    counts as "pickup"), or "(invalid)" for a reply without a parsable action. A drift of one action into
-    every subtask (an RL run rewarding GoTo's "go to" everywhere) shows here before it shows in success."""
+WEB_ENVS = ("miniwob", "webarena")  # their replies end with the action in a ```block```, as the env reads it
+
+
+def reply_action(text: str, env: str = "") -> str:
+    """The action of an assistant reply as `env` reads it ("" when it has none): the first ```block``` in
+    the web envs, the first line after `Action:` in the others."""
+    if env in WEB_ENVS:
+        from envs.webarena import _BLOCK
+
+        match = _BLOCK.search(text)
+        return match[1].strip() if match else ""
     from envs import parse_action
 
+    action, error = parse_action(text)
+    return "" if error else action
+
+
+def action_mix(records: list[dict], env: str = "") -> dict[str, dict[str, int]]:
+    """{subtask: {verb: assistant turns}} over the records' transcripts: what a model does, not only how
+    often it wins. The verb is the first word of the action ("go", "pickup", "toggle"; "pick up" counts
+    as "pickup"; "click", "type" on the web), or "(invalid)" for a reply without one. A drift of one
+    action into every subtask (an RL run rewarding GoTo's "go to" everywhere) shows here before it shows
+    in success."""
     mix = defaultdict(Counter)
     for r in records:
         for m in r["messages"]:
             if m["role"] != "assistant":
                 continue
-            action, error = parse_action(m["content"])
-            words = action.lower().split()
-            verb = "(invalid)" if error or not words else "pickup" if words[:2] == ["pick", "up"] else words[0]
+            words = reply_action(m["content"], env).lower().split()
+            verb = "(invalid)" if not words else "pickup" if words[:2] == ["pick", "up"] else words[0]
             mix[r["subtask"]][verb] += 1
     return {sub: dict(c.most_common()) for sub, c in sorted(mix.items())}
 
@@ -98,7 +113,7 @@ def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], kee
                          key=lambda r: (r["budget"], r["task_id"], r["sample"]))
         (folder / "outcomes.jsonl").write_text("".join(json.dumps({k: r[k] for k in OUTCOME_KEYS}) + "\n"
                                                        for r in records))
-        (folder / "actions.json").write_text(json.dumps(action_mix(records), indent=1) + "\n")
+        (folder / "actions.json").write_text(json.dumps(action_mix(records, result["config"]["env"]), indent=1) + "\n")
         wins = [r for r in records if r["success"]]
         shown = (wins[:1] + [r for r in records if not r["success"]] + wins[1:])[:keep]  # a success, then failures
         (folder / "transcripts.jsonl").write_text("".join(
@@ -186,9 +201,9 @@ def actions_table(files: list[tuple[str, Path]], top: int = 5) -> list[str]:
             counts = mix.get(sub, {})
             n = sum(counts.values())
             if n:
-                shares = [100 * counts.get(v, 0) / n for v in verbs]
-                lines.append(f"| {sub} | {label} | {n} | " + " | ".join(f"{x:.0f}" for x in shares)
-                             + f" | {100 - sum(shares):.0f} |")
+                shown = [counts.get(v, 0) for v in verbs]  # other: counted, not 100 minus rounded shares ("-0")
+                lines.append(f"| {sub} | {label} | {n} | " + " | ".join(f"{100 * c / n:.0f}" for c in shown)
+                             + f" | {100 * (n - sum(shown)) / n:.0f} |")
     return lines
 
 

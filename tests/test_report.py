@@ -184,6 +184,11 @@ def test_action_mix_counts_verbs_per_subtask():
                                                   reply("pick up red ball 1"), reply("Pickup red ball 1")]},
                {"subtask": "GoTo", "messages": [reply("turn left"), {"role": "assistant", "content": "no action here"}]}]
     assert RS.action_mix(records) == {"GoTo": {"turn": 1, "(invalid)": 1}, "Pickup": {"pickup": 2, "go": 1}}
+    web = [{"subtask": "click-tab", "messages": [
+        {"role": "assistant", "content": "Open the tab. In summary, the next action I will perform is ```click [7]```"},
+        {"role": "assistant", "content": "```type [3] [Kasie] [1]``` and then ```click [4]```"},
+        {"role": "assistant", "content": "Thought:\nx\n\nAction:\nclick [4]"}]}]  # a ReAct reply is no web action
+    assert RS.action_mix(web, "miniwob") == {"click-tab": {"click": 1, "type": 1, "(invalid)": 1}}
     table = "\n".join(RS.actions_table([]))
     assert table == ""
 
