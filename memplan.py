@@ -36,8 +36,9 @@ The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
                                   rollouts; CPU vLLM: its embedding (V x H x c) while training (sleep()
                                   frees its packed weights and KV cache by hand), P x c + its KV cache
                                   during rollouts (engine.kv_cache_bytes); HF engine: P x c always
-  runtime                  on CPU the process's resident size now, plus vLLM's imports (measured
-                                  about 300 MB); on GPU the CUDA context and allocator slack (1 GB)
+  runtime                  on CPU the process's resident size now, plus what vLLM's engine holds besides
+                                  weights and cache (VLLM_RUNTIME); on GPU the CUDA context and allocator
+                                  slack (1 GB)
 
 Loading: a rank reads the whole model in fp32 (4P) before sharding it; the plan's third phase.
 """
@@ -52,7 +53,11 @@ from batch import LOGIT_ELEMENTS
 
 GB, MB = 2**30, 2**20
 SLICE_BYTES = 28      # bytes per element of one LM-head slice at its peak (see the docstring)
-VLLM_IMPORTS = 300 * MB  # resident size vLLM's CPU build adds when it is imported and its LLM class loaded
+# What vLLM's CPU engine holds beyond its weights and KV cache (imports, its LLM class, worker buffers), the
+# same asleep and awake: 0.80-0.92 GB measured with SmolLM2 in bf16 at 16 and 32 sequences (VmRSS of one
+# process before the engine and after it, weights and cache subtracted). 300 MB, the imports alone, left a
+# 32-sequence run 0.55 GB over its plan.
+VLLM_RUNTIME = 900 * MB
 HEADROOM = 0.9        # share of the memory a rank can have that the plan may fill (page cache, allocator slack)
 BUILTIN = {  # HF config.json fields of the built-in models
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
@@ -259,7 +264,7 @@ def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None
     s = shape(model_config(cfg.model))
     engine = cfg.engine if cfg.engine != "auto" else _auto_engine()
     tokens = max(micro_tokens or cfg.micro_tokens, cfg.max_context)  # one long episode fills a micro-batch alone
-    runtime = (rss_bytes() + (VLLM_IMPORTS if engine == "vllm" else 0)) if device == "cpu" else 1.0 * GB
+    runtime = (rss_bytes() + (VLLM_RUNTIME if engine == "vllm" else 0)) if device == "cpu" else 1.0 * GB
     gpu_gb = available(1, "cuda")[0] / GB if device == "cuda" else 80.0
     seqs = max(1, cfg.tasks_per_step * cfg.samples_per_task // world)
     return plan(s, world, dtype, cfg.checkpointing if checkpointing is None else checkpointing, tokens,
@@ -334,7 +339,7 @@ def check_generation(model: str, engine: str, device: str, dtype: str, max_conte
     engine = engine if engine != "auto" else _auto_engine()
     c = 2 if dtype == "bfloat16" else 4
     kv = vllm_cpu_kv_gib(s, dtype, max_context, seqs) * GB if engine == "vllm" else 0.0
-    need = rss_bytes() + (VLLM_IMPORTS if engine == "vllm" else 0) + max(4 * s.params, s.params * c + kv)
+    need = rss_bytes() + (VLLM_RUNTIME if engine == "vllm" else 0) + max(4 * s.params, s.params * c + kv)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
     budget, source = available(local, device)
     if need <= HEADROOM * budget:
