@@ -6,7 +6,8 @@ memory this machine can give each rank, before any model loads.
 
 Why: a micro-batch budget made for a 0.2M-parameter model, given to a 135M one, grew a rank to 13 GB in
 its first update and the kernel killed it; nothing said why. The arithmetic below predicts a rank's peak
-within about 10% on this machine (bench/memory_plan.py --compare), so train.py, evaluate.py and
+within about 10% on this machine (bench/memory_plan.py --compare; with vLLM's CPU engine beside the
+trainer it errs high: 5.0 GB planned for the SmolLM2 recipe, 4.45 measured), so train.py, evaluate.py and
 bench/train_step.py consult it first: a plan that does not fit either shrinks the micro-batch budget
 (checkpointing on first) and says so in one line, or stops with one line naming the flag and the figure.
 
