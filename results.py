@@ -7,7 +7,8 @@ SE, Pass@k, the paired task-level bootstrap; and the in-training validation curv
 
 Everything a table needs and no weights: run/ (train.py's config.json, metrics.jsonl, in-training
 validation outcomes evals.jsonl, provenance.jsonl), one evals/<label>/ per evaluation (its settings,
-per-task outcomes, the mix of actions per subtask over all its transcripts, a few trimmed transcripts,
+per-task outcomes, the mix of actions per subtask over all its transcripts and how many of those actions
+the env refused, a few trimmed transcripts,
 the commits that produced them), manifest.json and tables.md. `publish` writes a folder, `render` rebuilds every table from its files only; report.py's
 command line calls both. Tests: python -m pytest tests/test_report.py
 """
@@ -78,6 +79,31 @@ def action_mix(records: list[dict], env: str = "") -> dict[str, dict[str, int]]:
     return {sub: dict(c.most_common()) for sub, c in sorted(mix.items())}
 
 
+# What each env's next observation says when it did not carry out the reply's action (envs/babyai.py
+# step; envs/miniwob.py and envs/webarena.py report it after "PREVIOUS ACTION:").
+REFUSALS = {"babyai": ("Choose one of the available actions.", "Invalid reply:", "Invalid action:")}
+REFUSALS.update(dict.fromkeys(WEB_ENVS, ("PREVIOUS ACTION: Attempt to", "PREVIOUS ACTION: Invalid",
+                                         "The browser could not do it")))
+
+
+def refused_turns(records: list[dict], env: str) -> dict[str, int] | None:
+    """{subtask: assistant turns whose action the env refused} (an action not available in that state, a
+    reply without one), read from the observation that followed each turn; None for an env without known
+    refusal messages. A model can win less by acting worse or by wasting turns on actions the world
+    does not take: this tells the two apart."""
+    marks = REFUSALS.get(env)
+    if marks is None:
+        return None
+    refused = Counter()
+    for r in records:
+        refused[r["subtask"]] += 0
+        msgs = r["messages"]
+        for m, after in zip(msgs, msgs[1:]):
+            if m["role"] == "assistant" and after["role"] == "user" and any(k in after["content"] for k in marks):
+                refused[r["subtask"]] += 1
+    return dict(sorted(refused.items()))
+
+
 def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], keep: int = 3,
             limit: int = SIZE_LIMIT) -> str:
     """Copy the evidence of a run and its evaluations into `dest` (the files listed at the top) and
@@ -114,6 +140,8 @@ def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], kee
         (folder / "outcomes.jsonl").write_text("".join(json.dumps({k: r[k] for k in OUTCOME_KEYS}) + "\n"
                                                        for r in records))
         (folder / "actions.json").write_text(json.dumps(action_mix(records, result["config"]["env"]), indent=1) + "\n")
+        if (refused := refused_turns(records, result["config"]["env"])) is not None:
+            (folder / "refused.json").write_text(json.dumps(refused, indent=1) + "\n")
         wins = [r for r in records if r["success"]]
         shown = (wins[:1] + [r for r in records if not r["success"]] + wins[1:])[:keep]  # a success, then failures
         (folder / "transcripts.jsonl").write_text("".join(
@@ -189,21 +217,35 @@ def actions_table(files: list[tuple[str, Path]], top: int = 5) -> list[str]:
     mixes = [(label, json.loads(f.read_text())) for label, f in files if f.exists()]
     if not mixes:
         return []
+    refused = {label: json.loads(f.with_name("refused.json").read_text()) for label, f in files
+               if f.with_name("refused.json").exists()}
     totals = Counter()
     for _, mix in mixes:
         for counts in mix.values():
             totals.update(counts)
     verbs = [v for v, _ in totals.most_common(top)]
-    lines = ["", "## Actions per subtask (share of assistant turns, %; each evaluation's actions.json)", "",
-             "| subtask | evaluation | turns | " + " | ".join(verbs) + " | other |", "|" + "---|" * (len(verbs) + 4)]
+    extra = ["refused by the env"] if refused else []
+    lines = ["", "## Actions per subtask (share of assistant turns, %; each evaluation's actions.json"
+             + (" and refused.json" if refused else "") + ")", "",
+             "| subtask | evaluation | turns | " + " | ".join(verbs + ["other"] + extra) + " |",
+             "|" + "---|" * (len(verbs) + 4 + len(extra))]
     for sub in sorted({s for _, mix in mixes for s in mix}):
         for label, mix in mixes:
             counts = mix.get(sub, {})
             n = sum(counts.values())
             if n:
                 shown = [counts.get(v, 0) for v in verbs]  # other: counted, not 100 minus rounded shares ("-0")
-                lines.append(f"| {sub} | {label} | {n} | " + " | ".join(f"{100 * c / n:.0f}" for c in shown)
-                             + f" | {100 * (n - sum(shown)) / n:.0f} |")
+                cells = [100 * c / n for c in shown] + [100 * (n - sum(shown)) / n]
+                if refused:
+                    cells.append(100 * refused[label].get(sub, 0) / n if label in refused else None)
+                lines.append(f"| {sub} | {label} | {n} | "
+                             + " | ".join("" if c is None else f"{c:.0f}" for c in cells) + " |")
+    if refused:
+        lines += ["", "| evaluation | assistant turns | refused by the env, % |", "|---|---|---|"]
+        for label, mix in mixes:
+            if label in refused:
+                n = sum(sum(c.values()) for c in mix.values())
+                lines.append(f"| {label} | {n} | {100 * sum(refused[label].values()) / max(n, 1):.1f} |")
     return lines
 
 

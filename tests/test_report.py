@@ -193,6 +193,31 @@ def test_action_mix_counts_verbs_per_subtask():
     assert table == ""
 
 
+def test_refused_turns_reads_the_real_envs_refusals(tmp_path):
+    """Turns whose action BabyAI did not carry out (not available here, or no action at all), counted from
+    the observations the real env wrote back."""
+    from envs.babyai import BabyAI
+
+    env = BabyAI(brief=True)
+    task = env.tasks("test")[0]
+    messages = [{"role": "user", "content": env.reset(task)}]
+    for action in ("Action:\ngo to nowhere 9", "Action:\nturn left", "no action here", "Action:\nturn right"):
+        messages += [{"role": "assistant", "content": action}, {"role": "user", "content": env.step(action)[0]}]
+    record = {"subtask": env.subtask(task), "messages": messages}
+    assert RS.refused_turns([record], "babyai") == {env.subtask(task): 2}
+    assert RS.refused_turns([record], "textcraft") is None  # no known refusal messages: no column
+    files = []
+    for label in ("a", "b"):
+        (tmp_path / label).mkdir()
+        (tmp_path / label / "actions.json").write_text(json.dumps(RS.action_mix([record], "babyai")))
+        files.append((label, tmp_path / label / "actions.json"))
+    (tmp_path / "a" / "refused.json").write_text(json.dumps(RS.refused_turns([record], "babyai")))
+    table = RS.actions_table(files)
+    assert table[3].endswith("| other | refused by the env |")
+    assert table[5].endswith("| 50 |") and table[6].endswith("|  |")  # b has no refused.json: an empty cell
+    assert table[-1] == "| a | 4 | 50.0 |" and len(table) == 11  # b is left out of the totals
+
+
 def test_publish_refuses_an_oversized_or_existing_folder(run_dir, evals, tmp_path):
     dest = tmp_path / "big"
     with pytest.raises(SystemExit, match="over the 0.0 MB limit"):
