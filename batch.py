@@ -11,12 +11,13 @@ import torch
 import algorithms as A
 
 
-def collate(episodes, pad_id: int) -> dict:
+def collate(episodes, pad_id: int, refusal_penalty: float = 0.0) -> dict:
     """Right-padded (B, L) tensors of whole episodes. mask/sampler_logp are aligned with `ids`: entry t
     belongs to token t (0 on the prompt and padding). Every row attends to at least one token, so a
     row with no tokens cannot produce NaN activations (NaN * 0 is NaN in the weight gradient).
     An episode cut short by a simulator failure keeps its reward in its group's statistics but gets
-    an all-zero mask: the crash was not the policy's doing, so none of its tokens are trained."""
+    an all-zero mask: the crash was not the policy's doing, so none of its tokens are trained.
+    `rewards` are the env's, less `refusal_penalty` per turn the env refused (config.refusal_penalty)."""
     L = max(1, max(len(e.ids) for e in episodes))
     B = len(episodes)
     ids = torch.full((B, L), pad_id, dtype=torch.long)
@@ -31,7 +32,7 @@ def collate(episodes, pad_id: int) -> dict:
             mask[i, p:n] = torch.tensor(e.mask, dtype=torch.float)
         sampler[i, p:n] = torch.tensor(e.logprobs)
     return {"ids": ids, "attn": attn, "mask": mask, "sampler_logp": sampler,
-            "rewards": torch.tensor([e.reward for e in episodes], dtype=torch.float),
+            "rewards": torch.tensor([e.reward - refusal_penalty * e.refused for e in episodes], dtype=torch.float),
             "groups": torch.tensor([e.group for e in episodes], dtype=torch.long)}
 
 

@@ -78,6 +78,9 @@ class Config:
     kl_coef: float = doc("KL to the frozen reference: a loss term (grpo, rloo, ppo) or in the reward (reinforce++)", 0.001)
     kl_kind: str = doc("KL estimator: k1, k2, k3", "k3")
     entropy_coef: float = doc("entropy bonus coefficient", 0.0)
+    refusal_penalty: float = doc("subtracted from an episode's training reward per turn whose action the env "
+                                 "refused (an action not available there, or none; envs that flag it: BabyAI). A "
+                                 "departure from env reward alone; 0: off", 0.0)
     gamma: float = doc("discount over policy tokens (reinforce++, ppo)", 1.0)
     lam: float = doc("GAE lambda (ppo)", 1.0)
     grpo_std: bool = doc("divide GRPO advantages by the group std (off: Dr. GRPO)", True)
@@ -333,7 +336,7 @@ def check(cfg: Config, world: int) -> str | None:
     if cfg.bc_episodes and not hasattr(env_class(cfg.env), "expert"):
         return f"--bc-episodes needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set --bc-episodes 0"
     for name in ("eval_every", "eval_tasks", "eval_turns", "bc_episodes", "train_layers", "env_timeout", "bc_seconds",
-                 "min_groups"):
+                 "min_groups", "refusal_penalty"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}"
     if cfg.min_groups and (cfg.ppo_epochs > 1 or cfg.mini_batches > 1):

@@ -107,6 +107,7 @@ class Episode:
     reward: float = 0.0         # last env reward, scaled to [-1, 1]
     success: bool = False
     turns: int = 0
+    refused: int = 0            # turns whose action the env did not carry out (its `refused` flag)
     end: str = ""               # done | horizon | context | env_error
     error: str = ""
     messages: list[dict] = field(default_factory=list)    # the transcript, for logs
@@ -258,6 +259,7 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
                 continue
             obs, ep.reward, done = result
             ep.success = bool(getattr(env, "success", False))
+            ep.refused += bool(getattr(env, "refused", False))
             if done:
                 ep.end = "done"
                 continue

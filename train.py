@@ -294,7 +294,7 @@ def main(argv=None):
                                pool=threads, framing=d.framing, env_timeout=cfg.env_timeout or None)
         engine.sleep()
         timing.update({f"time/{k}": v for k, v in rt.items()})
-        batch = collate(episodes, tokenizer.pad_token_id or 0)
+        batch = collate(episodes, tokenizer.pad_token_id or 0, cfg.refusal_penalty)
         mask = batch["mask"]
 
         # (2) logprobs of the policy before the update ("old"), the reference, the critic
@@ -322,7 +322,7 @@ def main(argv=None):
         adv, returns = global_advantages(cfg, d, batch, values, token_kl)
         if curriculum or cfg.min_groups:  # every rank counts the same gathered (group, reward) rows
             rows = [None] * world
-            dist.all_gather_object(rows, [(g, e.reward) for (_, g), e in zip(mine, episodes)])
+            dist.all_gather_object(rows, [(g, r) for (_, g), r in zip(mine, batch["rewards"].tolist())])
             rows = sum(rows, [])
         informative = {}
         if curriculum:
@@ -441,7 +441,7 @@ def quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, turns: int, pool,
 
 
 def _rollout_metrics(episodes, horizon: int) -> dict:
-    rows = [(e.reward, e.success, e.turns, sum(e.mask), e.end) for e in episodes]
+    rows = [(e.reward, e.success, e.turns, sum(e.mask), e.end, e.refused) for e in episodes]
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, rows)
     rows = [r for part in gathered for r in part]
@@ -449,6 +449,7 @@ def _rollout_metrics(episodes, horizon: int) -> dict:
     ends = {k: sum(r[4] == k for r in rows) / n for k in ("done", "horizon", "context", "env_error")}
     return {"reward": sum(r[0] for r in rows) / n, "success": sum(r[1] for r in rows) / n,
             "turns": sum(r[2] for r in rows) / n, "response_tokens": sum(r[3] for r in rows) / n,
+            "refused": sum(r[5] for r in rows) / max(sum(r[2] for r in rows), 1),  # share of turns
             "horizon": horizon, **{f"end/{k}": v for k, v in ends.items()}}
 
 

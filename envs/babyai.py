@@ -317,7 +317,7 @@ class BabyAI:
             self.env.close()
         self.env = gym.make(self.level(task_id)).unwrapped  # no wrappers: we drive it
         obs, _ = self.env.reset(seed=task_id // len(LEVELS))
-        self.success, self.done, self.reward = False, False, 0.0
+        self.success, self.done, self.reward, self.refused = False, False, 0.0, False
         self._expert = None
         self._observe(obs["image"])
         return f"Your goal: {self.env.mission}\n{self._render('')}"
@@ -326,16 +326,19 @@ class BabyAI:
         if self.env is None or self.done:
             return "The episode is over. Start a new one with reset().", self.reward, True
         action, error = (agentgym_action if self.parser == "agentgym" else parse_action)(text)
+        self.refused = True  # until the action is found among the available ones (rollout counts refusals)
         if error:
             return self._render(error), self.reward, False
         action = normalise(action)
         if action.startswith("check"):
+            self.refused = False
             return "You can take the following actions: " + ", ".join(self.actions), self.reward, False
         if action not in self.actions and f"{action} 1" in self.actions:
             action = f"{action} 1"
         if action not in self.actions:
             reason = self.errors.get(action, f"'{action}' is not a recognised action right now.")
             return self._render(reason + " Choose one of the available actions."), self.reward, False
+        self.refused = False
         return self._execute(action)
 
     def _execute(self, action: str) -> tuple[str, float, bool]:

@@ -201,8 +201,11 @@ def test_refused_turns_reads_the_real_envs_refusals(tmp_path):
     env = BabyAI(brief=True)
     task = env.tasks("test")[0]
     messages = [{"role": "user", "content": env.reset(task)}]
+    flags = []
     for action in ("Action:\ngo to nowhere 9", "Action:\nturn left", "no action here", "Action:\nturn right"):
         messages += [{"role": "assistant", "content": action}, {"role": "user", "content": env.step(action)[0]}]
+        flags.append(env.refused)  # what rollout counts into Episode.refused (config.refusal_penalty)
+    assert flags == [True, False, True, False]
     record = {"subtask": env.subtask(task), "messages": messages}
     assert RS.refused_turns([record], "babyai") == {env.subtask(task): 2}
     assert RS.refused_turns([record], "textcraft") is None  # no known refusal messages: no column

@@ -147,6 +147,23 @@ def test_horizon_context_and_turn_caps(engine, model_dir):
     assert eps[0].end == "context" and eps[0].turns == 0 and eps[0].reward_index == -1
 
 
+def test_refused_turns_are_counted_as_the_env_flags_them(engine, model_dir):
+    """The tiny model's replies are no BabyAI actions: the real env refuses each turn, and the count
+    matches the refusal messages in the transcript (what results.refused_turns reads)."""
+    from envs.babyai import BabyAI
+    from results import refused_turns
+
+    chat = ChatFormat(tokenizer_for(model_dir, "tiny"))
+    env = BabyAI(brief=True)
+    tasks = [(t, i) for i, t in enumerate(env.tasks("val")[:2])]
+    eps, _ = rollout(engine, chat, [BabyAI(brief=True) for _ in tasks], lambda: BabyAI(brief=True), tasks,
+                     max_turns=3, max_tokens=6, seed=5)
+    for ep in eps:
+        assert ep.turns == 3 and ep.refused == 3
+        record = {"subtask": "s", "messages": ep.messages + [{"role": "user", "content": "Choose one of the available actions."}]}
+        assert refused_turns([record], "babyai") == {"s": ep.refused}
+
+
 def test_env_that_raises_is_flagged_and_replaced(engine, model_dir):
     chat = ChatFormat(tokenizer_for(model_dir, "tiny"))
     tasks = [(t, t) for t in range(6)]
