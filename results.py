@@ -86,22 +86,23 @@ REFUSALS.update(dict.fromkeys(WEB_ENVS, ("PREVIOUS ACTION: Attempt to", "PREVIOU
                                          "The browser could not do it")))
 
 
-def refused_turns(records: list[dict], env: str) -> dict[str, int] | None:
-    """{subtask: assistant turns whose action the env refused} (an action not available in that state, a
-    reply without one), read from the observation that followed each turn; None for an env without known
+def refused_turns(records: list[dict], env: str) -> dict[str, dict[str, int]] | None:
+    """{subtask: {"observed": assistant turns followed by an observation, "refused": those whose action
+    the env refused}} (an action not available in that state, a reply without one); an episode's last
+    turn has no observation in the transcript, so it is not counted. None for an env without known
     refusal messages. A model can win less by acting worse or by wasting turns on actions the world
     does not take: this tells the two apart."""
     marks = REFUSALS.get(env)
     if marks is None:
         return None
-    refused = Counter()
+    counts = defaultdict(Counter)
     for r in records:
-        refused[r["subtask"]] += 0
         msgs = r["messages"]
         for m, after in zip(msgs, msgs[1:]):
-            if m["role"] == "assistant" and after["role"] == "user" and any(k in after["content"] for k in marks):
-                refused[r["subtask"]] += 1
-    return dict(sorted(refused.items()))
+            if m["role"] == "assistant" and after["role"] == "user":
+                counts[r["subtask"]]["observed"] += 1
+                counts[r["subtask"]]["refused"] += any(k in after["content"] for k in marks)
+    return {sub: {"observed": c["observed"], "refused": c["refused"]} for sub, c in sorted(counts.items())}
 
 
 def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], keep: int = 3,
@@ -224,7 +225,7 @@ def actions_table(files: list[tuple[str, Path]], top: int = 5) -> list[str]:
         for counts in mix.values():
             totals.update(counts)
     verbs = [v for v, _ in totals.most_common(top)]
-    extra = ["refused by the env"] if refused else []
+    extra = ["refused by the env (of turns with an observation)"] if refused else []
     lines = ["", "## Actions per subtask (share of assistant turns, %; each evaluation's actions.json"
              + (" and refused.json" if refused else "") + ")", "",
              "| subtask | evaluation | turns | " + " | ".join(verbs + ["other"] + extra) + " |",
@@ -237,15 +238,16 @@ def actions_table(files: list[tuple[str, Path]], top: int = 5) -> list[str]:
                 shown = [counts.get(v, 0) for v in verbs]  # other: counted, not 100 minus rounded shares ("-0")
                 cells = [100 * c / n for c in shown] + [100 * (n - sum(shown)) / n]
                 if refused:
-                    cells.append(100 * refused[label].get(sub, 0) / n if label in refused else None)
+                    seen = refused.get(label, {}).get(sub, {}).get("observed", 0)
+                    cells.append(100 * refused[label][sub]["refused"] / seen if seen else None)
                 lines.append(f"| {sub} | {label} | {n} | "
                              + " | ".join("" if c is None else f"{c:.0f}" for c in cells) + " |")
     if refused:
-        lines += ["", "| evaluation | assistant turns | refused by the env, % |", "|---|---|---|"]
-        for label, mix in mixes:
+        lines += ["", "| evaluation | turns followed by an observation | refused by the env, % |", "|---|---|---|"]
+        for label, _ in mixes:
             if label in refused:
-                n = sum(sum(c.values()) for c in mix.values())
-                lines.append(f"| {label} | {n} | {100 * sum(refused[label].values()) / max(n, 1):.1f} |")
+                seen = sum(c["observed"] for c in refused[label].values())
+                lines.append(f"| {label} | {seen} | {100 * sum(c['refused'] for c in refused[label].values()) / max(seen, 1):.1f} |")
     return lines
 
 

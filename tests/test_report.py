@@ -207,7 +207,9 @@ def test_refused_turns_reads_the_real_envs_refusals(tmp_path):
         flags.append(env.refused)  # what rollout counts into Episode.refused (config.refusal_penalty)
     assert flags == [True, False, True, False]
     record = {"subtask": env.subtask(task), "messages": messages}
-    assert RS.refused_turns([record], "babyai") == {env.subtask(task): 2}
+    assert RS.refused_turns([record], "babyai") == {env.subtask(task): {"observed": 4, "refused": 2}}
+    cut = {**record, "messages": messages[:-1]}  # the last turn's observation unseen: not counted either way
+    assert RS.refused_turns([cut], "babyai") == {env.subtask(task): {"observed": 3, "refused": 2}}
     assert RS.refused_turns([record], "textcraft") is None  # no known refusal messages: no column
     files = []
     for label in ("a", "b"):
@@ -216,7 +218,7 @@ def test_refused_turns_reads_the_real_envs_refusals(tmp_path):
         files.append((label, tmp_path / label / "actions.json"))
     (tmp_path / "a" / "refused.json").write_text(json.dumps(RS.refused_turns([record], "babyai")))
     table = RS.actions_table(files)
-    assert table[3].endswith("| other | refused by the env |")
+    assert table[3].endswith("| other | refused by the env (of turns with an observation) |")
     assert table[5].endswith("| 50 |") and table[6].endswith("|  |")  # b has no refused.json: an empty cell
     assert table[-1] == "| a | 4 | 50.0 |" and len(table) == 11  # b is left out of the totals
 

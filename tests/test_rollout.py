@@ -161,7 +161,7 @@ def test_refused_turns_are_counted_as_the_env_flags_them(engine, model_dir):
     for ep in eps:
         assert ep.turns == 3 and ep.refused == 3
         record = {"subtask": "s", "messages": ep.messages + [{"role": "user", "content": "Choose one of the available actions."}]}
-        assert refused_turns([record], "babyai") == {"s": ep.refused}
+        assert refused_turns([record], "babyai") == {"s": {"observed": 3, "refused": ep.refused}}
 
 
 def test_env_that_raises_is_flagged_and_replaced(engine, model_dir):
