@@ -45,6 +45,7 @@ def metrics(out):
     (Config(bc_seconds=-1), "--bc-seconds must be >= 0"),
     (Config(eval_turns=-2), "--eval-turns"),
     (Config(min_groups=-1), "--min-groups must be >= 0"),
+    (Config(refusal_penalty=-0.1), "--refusal-penalty must be >= 0"),
     (Config(min_groups=4, mini_batches=2), "--min-groups adds up"),
     (Config(train_layers=15), "--train-layers 15 but tiny has 2 decoder blocks"),
     (Config(checkpoint_format="zip"), "--checkpoint-format"),
