@@ -78,6 +78,9 @@ class Config:
     kl_coef: float = doc("KL to the frozen reference: a loss term (grpo, rloo, ppo) or in the reward (reinforce++)", 0.001)
     kl_kind: str = doc("KL estimator: k1, k2, k3", "k3")
     entropy_coef: float = doc("entropy bonus coefficient", 0.0)
+    positive_only: bool = doc("keep only the positive part of the advantages: episodes better than their group "
+                              "are pushed up, worse ones are not pushed down (a filtered self-imitation of the "
+                              "policy's own wins); rows left at 0 are skipped", False)
     refusal_penalty: float = doc("subtracted from an episode's training reward per turn whose action the env "
                                  "refused (an action not available there, or none; envs that flag it: BabyAI). A "
                                  "departure from env reward alone; on BabyAI 0.05 taught the policy to only turn "

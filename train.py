@@ -149,7 +149,8 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
 
 def global_advantages(cfg, d, batch, values, token_kl) -> tuple[torch.Tensor, torch.Tensor]:
     """algorithms.advantages with group statistics over the whole step and whitening over all ranks
-    (the same `masked_whiten` as the single-process path, fed cross-rank sums and maxima)."""
+    (the same `masked_whiten` as the single-process path, fed cross-rank sums and maxima).
+    --positive-only keeps the positive part: failed episodes are not pushed down, only better ones up."""
     mask, rewards, groups = batch["mask"], batch["rewards"], batch["groups"]
     world = dist.get_world_size()
     gathered = [torch.zeros_like(rewards) for _ in range(world)]
@@ -161,15 +162,15 @@ def global_advantages(cfg, d, batch, values, token_kl) -> tuple[torch.Tensor, to
     mine = slice(dist.get_rank() * len(rewards), (dist.get_rank() + 1) * len(rewards))
     if d.estimator in ("grpo", "rloo"):  # per-episode scalars from the whole step, broadcast to tokens
         scalar = A.group_baseline(d.estimator, all_rewards, all_groups, norm_by_std=cfg.grpo_std)
-        adv = scalar[mine, None].float() * mask
+        adv = (scalar.clamp(min=0) if cfg.positive_only else scalar)[mine, None].float() * mask
         return adv, adv.clone()
     name = d.estimator
     if name == "reinforce++_baseline":  # group mean over the whole step, then plain REINFORCE++
         rewards, name = A.group_baseline("center", all_rewards, all_groups)[mine].float(), "reinforce++"
     adv, returns = A.advantages(name, rewards, mask, groups, values=values, token_kl=token_kl, gamma=cfg.gamma,
                                 lam=cfg.lam, kl_coef=cfg.kl_coef if token_kl is not None else 0.0, whiten=False)
-    return A.masked_whiten(adv, mask, reduce_sum=reduced(dist.ReduceOp.SUM),
-                           reduce_max=reduced(dist.ReduceOp.MAX)), returns
+    adv = A.masked_whiten(adv, mask, reduce_sum=reduced(dist.ReduceOp.SUM), reduce_max=reduced(dist.ReduceOp.MAX))
+    return (adv.clamp(min=0) if cfg.positive_only else adv), returns
 
 
 def reduced(op):

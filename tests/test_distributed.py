@@ -85,6 +85,10 @@ def _collectives(rank):
         share = slice(rank * 4, (rank + 1) * 4)
         out[algo] = float((adv - ref[share]).abs().max())
         out[algo + "_nonzero_const_group"] = int(torch.count_nonzero(adv[: 4 - 4 * rank]) if rank == 0 else 0)
+        cfg = configs.Config(algo=algo, kl_coef=0.0, positive_only=True)  # the positive part, nothing else
+        pos, _ = train.global_advantages(cfg, d, mine, None, None)
+        out[algo + "_positive"] = float((pos - ref[share].clamp(min=0)).abs().max())
+        out[algo + "_most_negative"] = float(ref.min())  # there is something to clamp
     return out
 
 
@@ -92,7 +96,8 @@ def test_host_collectives_and_cross_rank_advantages_under_the_gpu_style_group():
     for result in spawn(_collectives, gpu_style_backend()):
         assert result["sum"] == [3.0, 1.0] and result["max"] == 3
         for algo in ("grpo", "rloo", "reinforce++", "reinforce++_baseline"):
-            assert result[algo] < 1e-5, (algo, result[algo])
+            assert result[algo] < 1e-5 and result[algo + "_positive"] < 1e-5, (algo, result)
+            assert result[algo + "_most_negative"] < -0.1, (algo, result)
         assert result["grpo_nonzero_const_group"] == 0  # the all-0.97 group sits on rank 0
 
 
