@@ -337,6 +337,9 @@ def check(cfg: Config, world: int) -> str | None:
             task_ids(cfg.tasks_file, cfg.env, options)
         except ValueError as exc:
             return f"--tasks-file {cfg.tasks_file}: {exc}"
+    if cfg.refusal_penalty and not hasattr(env_class(cfg.env), "refused"):
+        return (f"--refusal-penalty needs an env that flags the turns it refused (env.refused, as BabyAI does); "
+                f"{cfg.env} does not, set --refusal-penalty 0")
     if cfg.bc_episodes and not hasattr(env_class(cfg.env), "expert"):
         return f"--bc-episodes needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set --bc-episodes 0"
     for name in ("eval_every", "eval_tasks", "eval_turns", "bc_episodes", "train_layers", "env_timeout", "bc_seconds",

@@ -282,6 +282,7 @@ class BabyAI:
     """One BabyAI episode at a time, on a minigrid level built anew by each reset."""
 
     instruction = INSTRUCTION
+    refused = False  # True after a step whose action was not carried out (rollout counts these turns)
 
     def __init__(self, list_actions: bool = True, brief: bool = False, parser: str = "ours"):
         if parser not in ("ours", "agentgym"):
