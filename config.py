@@ -94,6 +94,10 @@ class Config:
     bc_lr: float = doc("learning rate of the warm start (AdamW)", 5e-5)
     bc_batch: int = doc("expert episodes per rank per warm-start optimizer step", 8)
     bc_seconds: float = doc("end the warm start's optimizer steps after this many seconds of it (0: no limit); with --model a warm start's directory, the time-matched imitation control of RL", 0.0)
+    bc_anchor: int = doc("expert episodes (train tasks, a sample of their own) whose NLL, times --bc-coef, joins "
+                         "every RL optimizer step, --bc-batch of them per rank: imitation beside RL (0: off; "
+                         "needs env.expert())", 0)
+    bc_coef: float = doc("weight of the imitation term of --bc-anchor against the RL loss", 1.0)
     # machinery
     engine: str = doc("rollout generator: auto (vLLM if installed), vllm, hf", "auto")
     device: str = doc("auto, cpu or cuda", "auto")
@@ -340,10 +344,12 @@ def check(cfg: Config, world: int) -> str | None:
     if cfg.refusal_penalty and not hasattr(env_class(cfg.env), "refused"):
         return (f"--refusal-penalty needs an env that flags the turns it refused (env.refused, as BabyAI does); "
                 f"{cfg.env} does not, set --refusal-penalty 0")
-    if cfg.bc_episodes and not hasattr(env_class(cfg.env), "expert"):
-        return f"--bc-episodes needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set --bc-episodes 0"
+    for name in ("bc_episodes", "bc_anchor"):
+        if getattr(cfg, name) and not hasattr(env_class(cfg.env), "expert"):
+            flag = f"--{name.replace('_', '-')}"
+            return f"{flag} needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set {flag} 0"
     for name in ("eval_every", "eval_tasks", "eval_turns", "bc_episodes", "train_layers", "env_timeout", "bc_seconds",
-                 "min_groups", "refusal_penalty"):
+                 "min_groups", "refusal_penalty", "bc_anchor", "bc_coef"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}"
     if cfg.min_groups and (cfg.ppo_epochs > 1 or cfg.mini_batches > 1):

@@ -64,7 +64,8 @@ GAP_ALARM = 0.5  # mean |trainer - sampler| logprob per token above which a weig
 
 
 def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: dict, old, ref_lp, values, adv,
-           returns, kl_in_reward: bool, seed: int, reduce_sum=None, reduce_max=None, apply: bool = True) -> dict:
+           returns, kl_in_reward: bool, seed: int, reduce_sum=None, reduce_max=None, apply: bool = True,
+           anchor=None) -> dict:
     """Step (4): `ppo_epochs` x `mini_batches` optimizer steps over the batch, each accumulating
     micro-batches within the token budget. Every term (policy, KL, entropy) is aggregated by `cfg.agg`
     over the mini-batch's policy tokens (or sequences) of all ranks (`reduce_sum`, default all ranks),
@@ -72,7 +73,8 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
     `old` None means the update is exactly on-policy (one epoch, one mini-batch): the "old" logprobs
     are then this forward's own, detached, and no separate scoring pass is needed (as verl does).
     `apply` False leaves the gradients in place for a later step's update (`--min-groups`) instead of
-    stepping the optimizer. Returns sums of this rank's loss terms (its share of each global mean) and the update count."""
+    stepping the optimizer. `anchor` (warmstart.Anchor, --bc-anchor) adds its imitation gradient before
+    each optimizer step. Returns sums of this rank's loss terms (its share of each global mean) and the update count."""
     if old is None and (cfg.ppo_epochs > 1 or cfg.mini_batches > 1):
         raise ValueError("old=None (on-policy) needs ppo_epochs == 1 and mini_batches == 1: later updates "
                          "need the logprobs from before the first one (score the batch first)")
@@ -80,7 +82,7 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
     world = dist.get_world_size() if reduce_sum is all_sum else 1
     policy, mask, lengths = models["policy"], batch["mask"], batch["attn"].sum(1)
     stats = dict.fromkeys(("loss", "clip_frac", "kl", "entropy", "grad_norm", "value_loss", "updates",
-                           "skipped_rows", "sampler_gap", "gap_tokens"), 0.0)
+                           "skipped_rows", "sampler_gap", "gap_tokens", "bc_nll"), 0.0)
     # A row whose advantage is 0 on every token adds exactly 0 to the policy gradient (the loss is
     # -A * ratio); when no other term touches it (no KL, no entropy bonus, no critic) its forward and
     # backward are skipped. It still counts in the normaliser, so the gradient is unchanged. GRPO makes
@@ -131,6 +133,8 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
                                          normalizer=tokens)
                     (vl * world).backward()
                     stats["value_loss"] += vl.item()
+            if anchor is not None:
+                stats["bc_nll"] += anchor.backward(policy) / world  # every rank returns the global mean
             faults.point("update")  # test-only: gradients made, optimizer not stepped (faults.py)
             for key, opt in optimizers.items() if apply else ():
                 norm_ = torch.nn.utils.clip_grad_norm_(models[key].parameters(), cfg.grad_clip)
@@ -273,6 +277,11 @@ def main(argv=None):
         warmstart.run(cfg, max(d.schedule.budgets), policy, ref, env_pool, threads, chat, tokenizer, train_ids,
                       warm_dir, all_sum, all_max, print0, d.framing)
         sync(engine, policy, dtype)
+    anchor = None
+    if cfg.bc_anchor:  # imitation beside RL (warmstart.Anchor)
+        import warmstart
+        anchor = warmstart.Anchor(cfg, max(d.schedule.budgets), env_pool, threads, chat, tokenizer, train_ids,
+                                  all_sum, all_max, print0, d.framing)
 
     evaluate_now = cfg.eval_every and cfg.eval_tasks
     eval_turns = cfg.eval_turns or max(d.schedule.budgets)  # one footing for runs of different schedules
@@ -339,7 +348,7 @@ def main(argv=None):
         # (4) updates: epochs x mini-batches x micro-batches, losses over the global token count
         t = time.perf_counter()
         stats = update(cfg, models, optimizers, schedulers, batch, old, ref_lp, values, adv, returns, kl_in_reward,
-                       seed=cfg.seed * 31 + step, apply=stepped)
+                       seed=cfg.seed * 31 + step, apply=stepped, anchor=anchor)
         timing["time/update"] = time.perf_counter() - t
 
         # (5) weight sync into this rank's generator
@@ -352,7 +361,7 @@ def main(argv=None):
         metrics = {**_rollout_metrics(episodes, horizon), **(first if step == start else {}), **informative,
                    **({"stepped": float(stepped)} if cfg.min_groups else {})}
         # every loss term is a rank's share of a global mean: summed over ranks, averaged over updates
-        keys = ("loss", "kl", "entropy", "clip_frac", "value_loss")
+        keys = ("loss", "kl", "entropy", "clip_frac", "value_loss") + (("bc_nll",) if anchor else ())
         metrics.update({k: v / stats["updates"] for k, v in zip(keys, all_sum(*(stats[k] for k in keys)))})
         metrics["grad_norm"] = stats["grad_norm"] / stats["updates"]
         metrics["skipped"] = all_sum(stats["skipped_rows"])[0] / (per_rank * world * cfg.ppo_epochs)

@@ -77,6 +77,33 @@ def demo_tasks(train_ids: list[int], count: int, seed: int) -> list[int]:
     return random.Random(seed * 7_000_003 + 1).sample(list(train_ids), min(count, len(train_ids)))
 
 
+def demo_batch(episodes: list[Episode], pad_id: int) -> dict:
+    """The expert episodes as one padded batch (batch.collate). A rank left without episodes still joins
+    every collective, on a dummy row that trains nothing."""
+    dummy = Episode(0, 0, [pad_id, pad_id], 1, mask=[0], logprobs=[0.0])  # one scored position, never trained
+    return collate(episodes or [dummy], pad_id)
+
+
+def nll_backward(model, batch: dict, chunk: list[int], micro_tokens: int, reduce_sum, reduce_max, world: int,
+                 scale: float = 1.0) -> float:
+    """Backward of `scale` x the mean -log p of the expert tokens of rows `chunk` (this rank's) over all
+    ranks' policy tokens, micro-batched; the optimizer is left to the caller. Collective: every rank
+    calls it, with or without rows. Returns the mean NLL per policy token over all ranks."""
+    mask, lengths = batch["mask"], batch["attn"].sum(1)
+    (tokens,) = reduce_sum(mask[chunk].sum() if chunk else 0.0)
+    micro, total = micro_batches(chunk, lengths, micro_tokens), 0.0
+    for mb in pad(micro, reduce_max(len(micro))):
+        rows = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
+        lp, _ = forward(model, batch, rows, 1.0, width=None if mb else DUMMY_WIDTH, policy_only=True)
+        m = mask[rows, :lp.shape[1]].to(lp.device) * bool(mb)
+        loss = -(lp * m).sum() / max(tokens, 1)
+        (loss * scale * world).backward()  # FSDP2 averages gradients over ranks
+        total += loss.item()
+        del lp, loss
+    (mean_nll,) = reduce_sum(total)
+    return mean_nll
+
+
 def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes: int, micro_tokens: int,
           seed: int, pad_id: int, reduce_sum, reduce_max, world: int, progress=None, seconds: float = 0.0) -> list[float]:
     """Minimise -log p(expert tokens) over `epochs` passes, `batch_episodes` episodes of this rank per
@@ -84,10 +111,7 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
     all stop at the same step). Returns the mean NLL per policy token of each step (over all ranks)."""
     steps = -(-len(episodes) // batch_episodes)
     n_real = len(episodes)
-    # a rank left without episodes still joins every collective, on a dummy row that trains nothing
-    dummy = Episode(0, 0, [pad_id, pad_id], 1, mask=[0], logprobs=[0.0])  # one scored position, never trained
-    batch = collate(episodes or [dummy], pad_id)
-    mask, lengths = batch["mask"], batch["attn"].sum(1)
+    batch = demo_batch(episodes, pad_id)
     gen = torch.Generator().manual_seed(seed)
     n_steps = reduce_max(steps)  # every rank runs the same number of optimizer steps (collectives)
     losses, start = [], time.perf_counter()
@@ -97,24 +121,70 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
             if seconds and reduce_max(int(1000 * (time.perf_counter() - start)) + 1) > 1000 * seconds:  # whole ms
                 return losses
             chunk = order[s * batch_episodes:(s + 1) * batch_episodes]
-            (tokens,) = reduce_sum(mask[chunk].sum() if chunk else 0.0)
-            micro = micro_batches(chunk, lengths, micro_tokens)
-            total = 0.0
-            for mb in pad(micro, reduce_max(len(micro))):
-                rows = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
-                lp, _ = forward(model, batch, rows, 1.0, width=None if mb else DUMMY_WIDTH, policy_only=True)
-                m = mask[rows, :lp.shape[1]].to(lp.device) * bool(mb)
-                loss = -(lp * m).sum() / max(tokens, 1)
-                (loss * world).backward()  # FSDP2 averages gradients over ranks
-                total += loss.item()
+            mean_nll = nll_backward(model, batch, chunk, micro_tokens, reduce_sum, reduce_max, world)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            (mean_nll,) = reduce_sum(total)
             losses.append(mean_nll)
             if progress:
                 progress(len(losses), n_steps * epochs, mean_nll)
     return losses
+
+
+def demonstrations(count: int, seed: int, turns: int, env_pool, pool, chat, train_ids, max_context: int,
+                   framing: Framing, reduce_sum, say=print, what: str = "warm start") -> list[Episode]:
+    """This rank's share of `count` expert episodes on train tasks (sample `seed`), played `turns` at
+    most by the env instances of `env_pool` in parallel; returns the successful ones (collective: the
+    summary line counts all ranks). A failed expert episode ends in fallback wandering, not in skill."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = time.perf_counter()
+    mine = demo_tasks(train_ids, count, seed)[rank::world]
+    parts = [mine[i::len(env_pool)] for i in range(len(env_pool))]  # one env instance plays each part
+    played = pool.map(lambda i: [expert_episode(env_pool[i], chat, task, turns, max_context, framing)
+                                 for task in parts[i]], range(len(env_pool)))
+    played = [ep for part in played for ep in part]
+    episodes = [ep for ep in played if ep.success]
+    crashed = [ep for ep in played if ep.end == "expert_error"]
+    for ep in crashed:  # every rank reports its own
+        print(f"{what}: the expert failed on task {ep.task_id} ({ep.error[:200]}); one failed demonstration",
+              file=sys.stderr, flush=True)
+    n, wins, tokens, errors = reduce_sum(len(played), len(episodes), sum(sum(e.mask) for e in episodes), len(crashed))
+    say(f"{what}: {int(n)} expert episodes in {time.perf_counter() - t:.0f}s, {int(wins)} successful within "
+        f"{turns} turns ({tokens / max(wins, 1):.0f} policy tokens each), {int(errors)} stopped by an expert error")
+    return episodes
+
+
+class Anchor:
+    """Imitation beside RL (`--bc-anchor N --bc-coef c`): every RL optimizer step also descends c x the
+    NLL of `bc_batch` expert episodes per rank, drawn in turn from N of them played once at the start, on
+    a sample of train tasks of their own (seed + 1000, the imitation control's sample). The
+    demonstration-augmented policy gradient of DAPG (Rajeswaran et al., 2018) and of RL-with-SFT mixes
+    for LLMs: RL's updates may move the policy only where the expert's likelihood does not fall much.
+    It asks whether RL adds to imitation when both run together, in the time imitation alone would have."""
+
+    def __init__(self, cfg, turns: int, env_pool, pool, chat, tokenizer, train_ids, reduce_sum, reduce_max,
+                 say=print, framing: Framing = Framing()):
+        import torch.distributed as dist
+
+        self.episodes = demonstrations(cfg.bc_anchor, cfg.seed + 1000, turns, env_pool, pool, chat, train_ids,
+                                       cfg.max_context, framing, reduce_sum, say, what="imitation anchor")
+        self.batch = demo_batch(self.episodes, tokenizer.pad_token_id or 0)
+        self.coef, self.size, self.micro_tokens = cfg.bc_coef, cfg.bc_batch, cfg.micro_tokens
+        self.reduce_sum, self.reduce_max, self.world = reduce_sum, reduce_max, dist.get_world_size()
+        self.gen = torch.Generator().manual_seed(cfg.seed * 17 + dist.get_rank())
+        self.queue: list[int] = []
+
+    def backward(self, model) -> float:
+        """Add this step's imitation gradient (collective); returns the mean expert NLL per token."""
+        chunk = []
+        while self.episodes and len(chunk) < min(self.size, len(self.episodes)):
+            if not self.queue:  # a fresh pass over this rank's demonstrations, in a new order
+                self.queue = torch.randperm(len(self.episodes), generator=self.gen).tolist()
+            chunk.append(self.queue.pop())
+        return nll_backward(model, self.batch, chunk, self.micro_tokens, self.reduce_sum, self.reduce_max,
+                            self.world, scale=self.coef)
 
 
 def run(cfg, turns: int, policy, ref, env_pool, pool, chat, tokenizer, train_ids, warm_dir, reduce_sum, reduce_max,
@@ -127,21 +197,8 @@ def run(cfg, turns: int, policy, ref, env_pool, pool, chat, tokenizer, train_ids
 
     rank, world = dist.get_rank(), dist.get_world_size()
     t = time.perf_counter()
-    mine = demo_tasks(train_ids, cfg.bc_episodes, cfg.seed)[rank::world]
-    parts = [mine[i::len(env_pool)] for i in range(len(env_pool))]  # one env instance plays each part
-    played = pool.map(lambda i: [expert_episode(env_pool[i], chat, task, turns, cfg.max_context, framing)
-                                 for task in parts[i]], range(len(env_pool)))
-    played = [ep for part in played for ep in part]
-    # only the expert's successes: a failed expert episode ends in fallback wandering, not in skill
-    episodes = [ep for ep in played if ep.success]
-    crashed = [ep for ep in played if ep.end == "expert_error"]
-    for ep in crashed:  # every rank reports its own
-        print(f"warm start: the expert failed on task {ep.task_id} ({ep.error[:200]}); one failed demonstration",
-              file=sys.stderr, flush=True)
-    n, wins, tokens, errors = reduce_sum(len(played), len(episodes), sum(sum(e.mask) for e in episodes), len(crashed))
-    say(f"warm start: {int(n)} expert episodes in {time.perf_counter() - t:.0f}s, {int(wins)} successful within "
-        f"{turns} turns ({tokens / max(wins, 1):.0f} policy tokens each), {int(errors)} stopped by an expert error; "
-        "imitating the successful ones")
+    episodes = demonstrations(cfg.bc_episodes, cfg.seed, turns, env_pool, pool, chat, train_ids, cfg.max_context,
+                              framing, reduce_sum, say)
     trained = [p for p in policy.parameters() if p.requires_grad]  # --train-layers may freeze some
     optimizer = torch.optim.AdamW(trained, lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
     progress = lambda k, total, nll: say(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")  # noqa: E731

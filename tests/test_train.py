@@ -48,6 +48,8 @@ def metrics(out):
     (Config(env="babyai", refusal_penalty=-0.1), "--refusal-penalty must be >= 0"),
     (Config(refusal_penalty=0.05), "textcraft does not, set --refusal-penalty 0"),
     (Config(min_groups=4, mini_batches=2), "--min-groups adds up"),
+    (Config(bc_anchor=8), "textcraft has none, set --bc-anchor 0"),
+    (Config(env="babyai", bc_anchor=8, bc_coef=-1), "--bc-coef must be >= 0"),
     (Config(train_layers=15), "--train-layers 15 but tiny has 2 decoder blocks"),
     (Config(checkpoint_format="zip"), "--checkpoint-format"),
 ])
