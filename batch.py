@@ -33,7 +33,8 @@ def collate(episodes, pad_id: int, refusal_penalty: float = 0.0) -> dict:
         sampler[i, p:n] = torch.tensor(e.logprobs)
     return {"ids": ids, "attn": attn, "mask": mask, "sampler_logp": sampler,
             "rewards": torch.tensor([e.reward - refusal_penalty * e.refused for e in episodes], dtype=torch.float),
-            "groups": torch.tensor([e.group for e in episodes], dtype=torch.long)}
+            "groups": torch.tensor([e.group for e in episodes], dtype=torch.long),
+            "states": [list(e.states) for e in episodes]}
 
 
 def micro_batches(rows: list[int], lengths: torch.Tensor, budget: int, shared: dict | None = None) -> list[list[int]]:

@@ -27,7 +27,7 @@ import schedule as schedules
 from algorithms import AGGREGATIONS
 from framing import Framing
 
-ALGOS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "ppo")
+ALGOS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "ppo", "gigpo")
 
 
 def doc(text: str, default):
@@ -47,7 +47,8 @@ class Config:
     instructions_file: str = doc("JSON object {env: instruction text} replacing the env's instruction (e.g. the "
                                  "original AgentGym prompts); empty: the env's own", "")
     model: str = doc("'tiny' (built offline), an HF model name, or a local model directory", "tiny")
-    algo: str = doc("advantage estimator: grpo, rloo, reinforce++, reinforce++_baseline, ppo (GAE + critic)", "grpo")
+    algo: str = doc("advantage estimator: grpo, rloo, reinforce++, reinforce++_baseline, ppo (GAE + critic), "
+                     "gigpo (GRPO plus step-level groups of turns from the same state, gigpo.py)", "grpo")
     # the batch
     steps: int = doc("training steps (one rollout batch and its updates each)", 4)
     tasks_per_step: int = doc("distinct tasks per step over all ranks", 4)
@@ -85,7 +86,9 @@ class Config:
                                  "refused (an action not available there, or none; envs that flag it: BabyAI). A "
                                  "departure from env reward alone; on BabyAI 0.05 taught the policy to only turn "
                                  "(docs/results.md); 0: off", 0.0)
-    gamma: float = doc("discount over policy tokens (reinforce++, ppo)", 1.0)
+    gamma: float = doc("discount over policy tokens (reinforce++, ppo); over turns for gigpo's step returns "
+                       "(its paper: 0.95)", 1.0)
+    step_weight: float = doc("gigpo: weight of the step-level advantage beside the episode's (its paper: 1)", 1.0)
     lam: float = doc("GAE lambda (ppo)", 1.0)
     grpo_std: bool = doc("divide GRPO advantages by the group std (off: Dr. GRPO)", True)
     # behaviour-cloning warm start (warmstart.py): the policy imitates the env's expert before RL
@@ -367,7 +370,7 @@ def check(cfg: Config, world: int) -> str | None:
                 f"{world} ranks; make --tasks-per-step x --samples-per-task a multiple of {world}")
     if batch // world < cfg.mini_batches:
         return f"{batch // world} episodes per rank cannot fill {cfg.mini_batches} mini-batches; lower --mini-batches"
-    if cfg.algo in ("grpo", "rloo") and cfg.samples_per_task < 2:
+    if cfg.algo in ("grpo", "rloo", "gigpo") and cfg.samples_per_task < 2:
         return f"--algo {cfg.algo} compares episodes of the same task; set --samples-per-task 2 or more"
     if cfg.dual_clip and cfg.dual_clip <= 1:
         return f"--dual-clip must be > 1 (e.g. 3) or 0 to disable, got {cfg.dual_clip}"

@@ -34,6 +34,7 @@ from typing import Callable
 import faults
 from engine import Sampling, stop_ids
 from framing import Framing
+from gigpo import state_key
 
 REPLY, OBS = "<<REPLY-PLACEHOLDER>>", "<<OBSERVATION-PLACEHOLDER>>"
 
@@ -111,6 +112,7 @@ class Episode:
     end: str = ""               # done | horizon | context | env_error
     error: str = ""
     messages: list[dict] = field(default_factory=list)    # the transcript, for logs
+    states: list[str] = field(default_factory=list)       # per turn, the key of the observation it answered (gigpo.py)
 
     @property
     def response(self) -> list[int]:
@@ -223,6 +225,7 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
             ep.ids = chat.prompt(instruction, obs, acknowledgement)
             ep.prompt_len = len(ep.ids)
             ep.messages.append({"role": "user", "content": obs})
+            ep.states.append(state_key(obs))
             if ep.prompt_len >= max_context:
                 ep.end = "context"
         episodes.append(ep)
@@ -272,8 +275,10 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
                 continue
             ep.append(obs_ids, False)
             ep.messages.append({"role": "user", "content": obs})
+            ep.states.append(state_key(obs))
     for ep in episodes:
         ep.end = ep.end or "horizon"
+        del ep.states[ep.turns:]  # an observation no turn answered (the context was full) is no state of a turn
     if own_pool:  # not waiting for a thread that is stuck in an env call
         pool.shutdown(wait=_abandoned == abandoned_before)
     timing["other"] = time.perf_counter() - start - timing["generate"] - timing["env"]

@@ -164,6 +164,14 @@ def global_advantages(cfg, d, batch, values, token_kl) -> tuple[torch.Tensor, to
     dist.all_gather(gids, groups)
     all_groups = torch.cat(gids)
     mine = slice(dist.get_rank() * len(rewards), (dist.get_rank() + 1) * len(rewards))
+    if d.estimator == "gigpo":  # GRPO's episode term plus turns compared from the same state (gigpo.py)
+        import gigpo
+        states = [None] * world
+        dist.all_gather_object(states, batch["states"])
+        states = sum(states, [])
+        batch["shared_turns"] = gigpo.shared_turns(all_groups, states)  # logged with the step's metrics
+        adv = gigpo.advantages(all_rewards, all_groups, states, mask, mine, cfg.gamma, cfg.step_weight, cfg.grpo_std)
+        return (adv.clamp(min=0) if cfg.positive_only else adv), adv.clone()
     if d.estimator in ("grpo", "rloo"):  # per-episode scalars from the whole step, broadcast to tokens
         scalar = A.group_baseline(d.estimator, all_rewards, all_groups, norm_by_std=cfg.grpo_std)
         adv = (scalar.clamp(min=0) if cfg.positive_only else scalar)[mine, None].float() * mask
@@ -359,7 +367,8 @@ def main(argv=None):
 
         # (6) log and checkpoint
         metrics = {**_rollout_metrics(episodes, horizon), **(first if step == start else {}), **informative,
-                   **({"stepped": float(stepped)} if cfg.min_groups else {})}
+                   **({"stepped": float(stepped)} if cfg.min_groups else {}),
+                   **({"shared_turns": batch["shared_turns"]} if "shared_turns" in batch else {})}
         # every loss term is a rank's share of a global mean: summed over ranks, averaged over updates
         keys = ("loss", "kl", "entropy", "clip_frac", "value_loss") + (("bc_nll",) if anchor else ())
         metrics.update({k: v / stats["updates"] for k, v in zip(keys, all_sum(*(stats[k] for k in keys)))})

@@ -143,8 +143,23 @@ def test_horizon_context_and_turn_caps(engine, model_dir):
                      max_context=cap, seed=3)
     assert all(e.end == "context" and len(e.ids) <= cap for e in eps)
     assert all(e.turns >= 1 for e in eps)
+    assert all(len(e.states) == e.turns for e in eps)
     eps, _ = rollout(engine, chat, [Digits()], Digits, [(0, 0)], max_turns=3, max_context=5)
-    assert eps[0].end == "context" and eps[0].turns == 0 and eps[0].reward_index == -1
+    assert eps[0].end == "context" and eps[0].turns == 0 and eps[0].reward_index == -1 and eps[0].states == []
+
+
+def test_states_are_the_observations_each_turn_answered(engine, model_dir):
+    """gigpo.py's anchor states: one key per turn, the key of the observation the reply answered, so
+    the samples of one task share their first state and another task's differs."""
+    from gigpo import state_key
+
+    chat = ChatFormat(tokenizer_for(model_dir, "tiny"))
+    tasks = [(0, 0), (0, 0), (1, 1)]
+    eps, _ = rollout(engine, chat, [Digits(turns=3) for _ in tasks], Digits, tasks, max_turns=3, max_tokens=4, seed=4)
+    for ep in eps:
+        seen = [m["content"] for m in ep.messages if m["role"] == "user"][:ep.turns]
+        assert ep.turns == 3 and ep.states == [state_key(text) for text in seen]
+    assert eps[0].states[0] == eps[1].states[0] != eps[2].states[0]
 
 
 def test_refused_turns_are_counted_as_the_env_flags_them(engine, model_dir):

@@ -79,7 +79,7 @@ def test_bad_config_stops_before_start_up_with_one_line(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["grpo", "rloo", "reinforce++", "ppo"])
+@pytest.mark.parametrize("algo", ["grpo", "rloo", "reinforce++", "ppo", "gigpo"])
 def test_two_steps_of_each_algorithm_save_and_resume(tmp_path, algo):
     out = tmp_path / algo
     common = ["--env", "tests.toy:Digits", "--algo", algo, "--horizon", "1,2,3@1", "--max-tokens", "8",
