@@ -82,7 +82,7 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
     world = dist.get_world_size() if reduce_sum is all_sum else 1
     policy, mask, lengths = models["policy"], batch["mask"], batch["attn"].sum(1)
     stats = dict.fromkeys(("loss", "clip_frac", "kl", "entropy", "grad_norm", "value_loss", "updates",
-                           "skipped_rows", "sampler_gap", "gap_tokens", "bc_nll"), 0.0)
+                           "skipped_rows", "sampler_gap", "gap_tokens", "bc_nll", "idle_steps"), 0.0)
     # A row whose advantage is 0 on every token adds exactly 0 to the policy gradient (the loss is
     # -A * ratio); when no other term touches it (no KL, no entropy bonus, no critic) its forward and
     # backward are skipped. It still counts in the normaliser, so the gradient is unchanged. GRPO makes
@@ -141,6 +141,14 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
                 norm_ = norm_.full_tensor() if hasattr(norm_, "full_tensor") else norm_
                 if key == "policy":
                     stats["grad_norm"] += float(norm_)
+                if float(norm_) == 0.0:
+                    # Every group of the batch was constant (or every row masked): the gradient is exactly 0,
+                    # yet Adam would still move each weight by its momentum (and weight decay). A step with
+                    # nothing to learn leaves the model, the optimizer's state and the schedule as they were.
+                    # The norm is global over ranks (FSDP2), so every rank makes the same choice.
+                    opt.zero_grad(set_to_none=True)
+                    stats["idle_steps"] += key == "policy"
+                    continue
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 if schedulers:
@@ -373,6 +381,7 @@ def main(argv=None):
         keys = ("loss", "kl", "entropy", "clip_frac", "value_loss") + (("bc_nll",) if anchor else ())
         metrics.update({k: v / stats["updates"] for k, v in zip(keys, all_sum(*(stats[k] for k in keys)))})
         metrics["grad_norm"] = stats["grad_norm"] / stats["updates"]
+        metrics["idle_updates"] = stats["idle_steps"]  # optimizer steps left out: a zero gradient (update())
         metrics["skipped"] = all_sum(stats["skipped_rows"])[0] / (per_rank * world * cfg.ppo_epochs)
         gap, gap_n = all_sum(stats["sampler_gap"], stats["gap_tokens"])
         metrics["sampler_gap"] = gap / max(gap_n, 1)  # mean |trainer - sampler| logprob per trained token

@@ -198,3 +198,40 @@ def test_held_back_gradients_add_up_to_one_step_on_both_batches():
     for b, p, q, r in zip(base.parameters(), pooled.parameters(), first.parameters(), second.parameters()):
         torch.testing.assert_close(b - p, (b - q) + (b - r), rtol=1e-4, atol=1e-6)
     assert any(not torch.equal(p, b) for p, b in zip(pooled.parameters(), base.parameters()))
+
+
+def test_an_update_with_only_constant_groups_leaves_weights_and_adam_state_unchanged():
+    """After a real AdamW step, a batch whose every group is constant (advantage 0 everywhere) has an
+    exactly-zero gradient; Adam would still move every weight by its momentum. train.update must leave
+    the weights, the optimizer's step count and the schedule as they were, and count the idle step."""
+    import copy
+
+    import config as configs
+    import train
+
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(2)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=dtype)
+        batch = two_turn_batch(model.config.vocab_size)
+        cfg = configs.Config(kl_coef=0.0, micro_tokens=64)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
+        args = (False, 0, lambda *xs: [float(x) for x in xs], lambda n: n)
+        informative = batch["mask"] * torch.tensor([1.0, -1.0, 1.5, -0.5])[:, None]
+        stats = train.update(cfg, {"policy": model}, {"policy": opt}, {"policy": sched}, batch, None, None, None,
+                             informative, informative, *args)
+        assert stats["idle_steps"] == 0
+        before = copy.deepcopy(model.state_dict())
+        steps, lr = opt.state[next(iter(model.parameters()))]["step"].item(), sched.get_last_lr()[0]
+        constant = batch["mask"] * 0.0
+        stats = train.update(cfg, {"policy": model}, {"policy": opt}, {"policy": sched}, batch, None, None, None,
+                             constant, constant, *args)
+        assert stats["idle_steps"] == 1 and stats["skipped_rows"] == 4 and stats["grad_norm"] == 0.0
+        for k, v in model.state_dict().items():
+            assert torch.equal(v, before[k]), k
+        assert opt.state[next(iter(model.parameters()))]["step"].item() == steps == 1
+        assert sched.get_last_lr()[0] == lr
+        # the next informative batch steps again
+        stats = train.update(cfg, {"policy": model}, {"policy": opt}, {"policy": sched}, batch, None, None, None,
+                             informative, informative, *args)
+        assert stats["idle_steps"] == 0 and opt.state[next(iter(model.parameters()))]["step"].item() == 2
