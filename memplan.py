@@ -33,7 +33,8 @@ The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
   activations              checkpointing: L x T x H x c (each block's input) + 2 x T x A (the block
                                   being recomputed, and its gradients); without: L x T x A + T x A,
                                   A = c(8H + 3kv + 5I) + 16H bytes a token; plus 3 x T x H x c
-  generator                GPU vLLM: 0 while training (sleep level 2), `gpu_util` x GPU during
+  generator                GPU vLLM: VLLM_GPU_ASLEEP while training (sleep level 2 frees weights and
+                                  KV cache; CUDA graphs and runtime buffers stay), `gpu_util` x GPU during
                                   rollouts; CPU vLLM: its embedding (V x H x c) while training (sleep()
                                   frees its packed weights and KV cache by hand), P x c + its KV cache
                                   during rollouts (engine.kv_cache_bytes); HF engine: P x c always
@@ -41,7 +42,13 @@ The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
                                   weights and cache (VLLM_RUNTIME); on GPU the CUDA context and allocator
                                   slack (1 GB)
 
-Loading: a rank reads the whole model in fp32 (4P) before sharding it; the plan's third phase.
+Rollout phase: the sharded state, the reference and the critic stay; the gradients too when
+`--min-groups` adds them up over several rollouts (they live from one step's backward to the optimizer
+step of a later one).
+
+Loading: rank 0 reads the whole model in fp32 (4P) before sharding it; the plan's third phase. On CPU
+that copy is the rank's own memory; on GPU it is host memory (the `host` phase, not part of the GPU's
+peak), and the GPU holds only the arriving shards.
 """
 from __future__ import annotations
 
@@ -59,6 +66,11 @@ SLICE_BYTES = 28      # bytes per element of one LM-head slice at its peak (see 
 # process before the engine and after it, weights and cache subtracted). 300 MB, the imports alone, left a
 # 32-sequence run 0.55 GB over its plan.
 VLLM_RUNTIME = 900 * MB
+# What a sleeping vLLM keeps on a GPU: sleep(level=2) frees its weights and KV cache, but not the memory
+# of its captured CUDA graphs, the sampler's and the runner's persistent buffers, nor its allocator's
+# cache. Read from vLLM's sources as 1-4 GB by batch size and model; 2 GB is the middle for the small
+# models here. Not yet measured on a GPU (vLLM's GPU build is not in the GPU run's image).
+VLLM_GPU_ASLEEP = 2 * GB
 HEADROOM = 0.9        # share of the memory a rank can have that the plan may fill (page cache, allocator slack)
 BUILTIN = {  # HF config.json fields of the built-in models
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
@@ -143,8 +155,9 @@ def vllm_cpu_kv_gib(s: Shape, dtype: str, max_context: int, seqs: int, cap: int 
 
 def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl: bool, engine: str, device: str,
          gpu_gb: float = 80.0, gpu_util: float = 0.5, runtime: float = 0.0, max_context: int = 3072,
-         seqs: int = 16, critic: bool = False) -> dict:
-    """Bytes per rank of each row, for the training phase, the rollout phase and loading."""
+         seqs: int = 16, critic: bool = False, grads_resident: bool = False) -> dict:
+    """Bytes per rank of each row, for the training phase, the rollout phase and loading (and, on GPU,
+    rank 0's host memory while it loads). `grads_resident`: gradients live through rollouts (--min-groups)."""
     c = 2 if dtype == "bfloat16" else 4
     P, W, T = s.params, world, tokens
     A = c * (8 * s.H + 3 * s.kv + 5 * s.I) + 16 * s.H           # activation bytes of one block, per token
@@ -169,20 +182,25 @@ def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl:
     engine_bytes = {"none": 0.0, "hf": P * c,
                     "vllm": (P * c + vllm_cpu_kv_gib(s, dtype, max_context, seqs) * GB) if device == "cpu" else 0.0
                     }[engine]
-    # vLLM sleeps through the update (engine.py): on GPU it holds nothing; on CPU only the embedding,
-    # which vLLM's CPU layers do not pack (a head tied to it is packed again at the sync)
+    # vLLM sleeps through the update (engine.py): on GPU it keeps its graphs and buffers (VLLM_GPU_ASLEEP);
+    # on CPU only the embedding, which vLLM's CPU layers do not pack (a tied head is packed again at the sync)
     train["generator (" + ("asleep" if engine == "vllm" else engine) + ")"] = (
-        engine_bytes if engine != "vllm" else s.V * s.H * c if device == "cpu" else 0.0)
+        engine_bytes if engine != "vllm" else s.V * s.H * c if device == "cpu" else VLLM_GPU_ASLEEP)
     train["runtime"] = runtime
-    rollout = {k: v for k, v in train.items()
-               if k.startswith(("sharded fp32 par", "AdamW", "reference", "critic", "runtime"))}
+    kept = ("sharded fp32 par", "AdamW", "reference", "critic", "runtime") + (("sharded fp32 grad",) if grads_resident
+                                                                             else ())
+    rollout = {k: v for k, v in train.items() if k.startswith(kept)}
     gen = engine_bytes if not (engine == "vllm" and device == "cuda") else gpu_util * gpu_gb * GB
     rollout["generator (awake)"] = gen
     kv_tokens = None
     if engine == "vllm" and device == "cuda":
         kv_tokens = max(0.0, gen - P * c - 0.05 * gen) / (2 * s.L * s.kv * c)  # ~5% for vLLM's activations
-    load = {"runtime": runtime, "the whole model in fp32": 4 * P}
-    return {"train": train, "rollout": rollout, "load": load, "params": P, "kv_tokens": kv_tokens}
+    if device == "cuda":  # rank 0's full copy is in host memory; the GPU receives shards (distributed.load)
+        load = {"runtime": runtime, "sharded fp32 parameters (arriving)": 4 * P / W}
+        host = {"the whole model in fp32 (rank 0)": 4 * P}
+    else:
+        load, host = {"runtime": runtime, "the whole model in fp32": 4 * P}, {}
+    return {"train": train, "rollout": rollout, "load": load, "host": host, "params": P, "kv_tokens": kv_tokens}
 
 
 def peak(p: dict) -> float:
@@ -269,8 +287,9 @@ def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None
     gpu_gb = available(1, "cuda")[0] / GB if device == "cuda" else 80.0
     seqs = max(1, cfg.tasks_per_step * cfg.samples_per_task // world)
     return plan(s, world, dtype, cfg.checkpointing if checkpointing is None else checkpointing, tokens,
-                cfg.kl_coef > 0, engine, device, gpu_gb=gpu_gb, runtime=runtime, max_context=cfg.max_context,
-                seqs=seqs, critic=getattr(cfg, "algo", "") == "ppo")
+                cfg.kl_coef > 0, engine, device, gpu_gb=gpu_gb, gpu_util=getattr(cfg, "gpu_memory_utilization", 0.5),
+                runtime=runtime, max_context=cfg.max_context, seqs=seqs, critic=getattr(cfg, "algo", "") == "ppo",
+                grads_resident=getattr(cfg, "min_groups", 0) > 0)
 
 
 def _auto_engine() -> str:

@@ -268,7 +268,8 @@ def main(argv=None):
     schedulers = {k: torch.optim.lr_scheduler.LambdaLR(o, warm) for k, o in optimizers.items()}
 
     per_rank = cfg.tasks_per_step * cfg.samples_per_task // world
-    engine = make_engine(policy_path, cfg.engine, d.device, d.dtype, cfg.max_context, seed, max_seqs=per_rank)
+    engine = make_engine(policy_path, cfg.engine, d.device, d.dtype, cfg.max_context, seed,
+                         gpu_memory_utilization=cfg.gpu_memory_utilization, max_seqs=per_rank)
     env_pool = [envs.make(cfg.env, **d.env_options) for _ in range(per_rank)]
     train_ids, val_ids = env_pool[0].tasks("train"), env_pool[0].tasks("val")[:cfg.eval_tasks] if cfg.eval_every else []
     if cfg.tasks_file:  # AgentGym-RL's task list instead of the train split (checked in config.check)

@@ -45,7 +45,7 @@ def show(name: str, s: Shape, p: dict, args) -> None:
             print(f"{phase}: {total / GB:.1f} GB of {args.gpu_gb:g} GB: {verdict}")
         if p["kv_tokens"] is not None:
             print(f"vLLM KV cache at --gpu-util {args.gpu_util}: about {p['kv_tokens']:.0f} tokens")
-    load = p["load"]["the whole model in fp32"]
+    load = (p["host"] or p["load"])[next(k for k in (p["host"] or p["load"]) if k.startswith("the whole model"))]
     print(f"loading: up to {load / GB:.2f} GB of host RAM per rank (the whole model in fp32), "
           f"{args.world * load / GB:.1f} GB for {args.world} ranks on one node (less when the checkpoint "
           f"is fp32 on disk: its memory-mapped pages are shared)")
@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU")
     parser.add_argument("--gpu-util", type=float, default=0.5,
-                        help="vLLM's gpu_memory_utilization (engine.make_engine's default 0.5)")
+                        help="vLLM's gpu_memory_utilization (train.py --gpu-memory-utilization, default 0.5)")
     parser.add_argument("--runtime-gb", type=float, default=1.0, help="CUDA context and allocator slack per rank")
     parser.add_argument("--max-context", type=int, default=16384, help="token cap of an episode (CPU vLLM's KV)")
     parser.add_argument("--seqs", type=int, default=16, help="episodes per rank (CPU vLLM's KV cache)")
