@@ -51,6 +51,9 @@ class Config:
                      "gigpo (GRPO plus step-level groups of turns from the same state, gigpo.py)", "grpo")
     # the batch
     steps: int = doc("training steps (one rollout batch and its updates each)", 4)
+    rl_seconds: float = doc("also end training with the step during which this many seconds of training steps "
+                            "(this process's, validation excluded) have passed; it saves like a last step. 0: no "
+                            "limit (a budget in time, e.g. for a GPU lent for minutes)", 0.0)
     tasks_per_step: int = doc("distinct tasks per step over all ranks", 4)
     samples_per_task: int = doc("episodes per task (the GRPO/RLOO group size)", 4)
     curriculum: bool = doc("draw each step's tasks by level, weighting a level by how often its groups were informative "
@@ -381,6 +384,7 @@ def check(cfg: Config, world: int) -> str | None:
             flag = f"--{name.replace('_', '-')}"
             return f"{flag} needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set {flag} 0"
     for name in ("eval_every", "eval_tasks", "eval_turns", "bc_episodes", "train_layers", "env_timeout", "bc_seconds",
+                 "rl_seconds",
                  "min_groups", "refusal_penalty", "bc_anchor", "bc_coef"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}"

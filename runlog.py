@@ -122,6 +122,11 @@ def memory_metrics() -> dict:
     for key, value in zip(("mem/rss_mb", "mem/heap_mb"), peak.tolist()):
         if value == value:  # not NaN: no reading off Linux or glibc
             out[key] = value
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # the GPU's own peak, beside memplan's plan
+        gpu = torch.tensor([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()],
+                           dtype=torch.float64) / 2**20
+        dist.all_reduce(gpu, op=dist.ReduceOp.MAX)
+        out["mem/gpu_peak_mb"], out["mem/gpu_reserved_mb"] = gpu.tolist()
     return out
 
 

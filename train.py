@@ -263,6 +263,8 @@ def main(argv=None):
                 module.p = 0.0
         optimizers["critic"] = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
     start = checkpoint.load_training_state(resume_from, models, optimizers, rank, world) if resume_from else 0
+    if resume_from:
+        print0(f"resuming from {resume_from} (step {start})")
     done_updates = start * cfg.ppo_epochs * cfg.mini_batches  # warmup position is a function of the step too
     warm = lambda u: min(1.0, (done_updates + u + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0  # noqa: E731
     schedulers = {k: torch.optim.lr_scheduler.LambdaLR(o, warm) for k, o in optimizers.items()}
@@ -307,6 +309,7 @@ def main(argv=None):
         first = quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, eval_turns, threads, d.framing,
                            out, start, "eval_start")
         print0(f"held-out validation success before RL: {first['eval_start/success']:.3f} ({len(val_ids)} tasks)")
+    spent = 0.0  # seconds of training steps in this process (--rl-seconds)
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
         timing = {}
@@ -354,7 +357,9 @@ def main(argv=None):
         informative = {}
         if curriculum:
             informative["curriculum/informative"] = curriculum.observe(step, tasks, rows, rank == 0)
-        last = step + 1 == cfg.steps
+        # --rl-seconds: the slowest rank's clock decides, so every rank ends (and saves) at the same step
+        out_of_time = bool(cfg.rl_seconds) and all_max(spent + time.perf_counter() - t0) >= cfg.rl_seconds
+        last = step + 1 == cfg.steps or out_of_time
         saves = last or bool(cfg.save_every and (step + 1) % cfg.save_every == 0)
         stepped = True  # every step updates the weights unless --min-groups holds its gradients back
         if cfg.min_groups:
@@ -393,6 +398,7 @@ def main(argv=None):
                    "per token; the engine's weights may not match the policy (check the weight sync)")
         metrics["lr"] = schedulers["policy"].get_last_lr()[0]
         timing["time/step"] = time.perf_counter() - t0
+        spent += timing["time/step"]
         if cfg.trim_heap:  # see runlog.memory_metrics
             timing["time/trim"] = trim_heap()
         metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
@@ -415,6 +421,9 @@ def main(argv=None):
                           "Free space or fix --out, then rerun with --resume", file=sys.stderr, flush=True)
                 finish(env_pool, threads, engine, None, code=1)  # no plots: the disk may refuse them too
             print0(f"\nsaved checkpoint step {step + 1} in {time.perf_counter() - t:.1f}s -> {ckpt_root / 'latest'}")
+        if out_of_time:
+            print0(f"\n--rl-seconds {cfg.rl_seconds:g}: {spent:.0f}s of training steps; stopping after step {step + 1}")
+            break
 
     if log:
         print0(f"done: {out / 'metrics.jsonl'}, {out / 'reward.png'}")

@@ -24,6 +24,30 @@ import torch
 from engine import HFEngine, Sampling, VLLMEngine
 
 
+def _request_types() -> None:
+    """Where vLLM is not installed (the GPU image: its wheel is too large to carry there), stand in for
+    the two request types `VLLMEngine.generate` builds, `vllm.SamplingParams` and
+    `vllm.inputs.TokensPrompt`, as plain records of their keyword arguments: StandInLLM reads them back."""
+    try:
+        import vllm  # noqa: F401
+        return
+    except ImportError:
+        pass
+    import importlib.machinery
+    import sys
+    import types
+
+    module, inputs = types.ModuleType("vllm"), types.ModuleType("vllm.inputs")
+    module.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    inputs.TokensPrompt = dict
+    module.inputs = inputs
+    sys.modules.update({"vllm": module, "vllm.inputs": inputs})
+
+
+_request_types()
+
+
 class StandInLLM:
     def __init__(self, model_dir: str, dtype: str):
         self.hf = HFEngine(model_dir, "cpu", dtype)

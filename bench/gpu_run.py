@@ -1,0 +1,256 @@
+"""The first GPU run, in two parts that fit a GPU lent for minutes (bench/gpu_run.sh sets the machine up).
+
+    python bench/gpu_run.py A [--dry-run] [--out runs/gpu]    # tiny model: the CUDA path end to end (<= 3 min)
+    python bench/gpu_run.py B [--dry-run] [--out runs/gpu]    # SmolLM2 on BabyAI at GPU scale (<= 8 min)
+
+Part A, the machinery on one GPU with the tiny model: train.py under torchrun (FSDP2 over NCCL, bf16 mixed
+precision, the transformers engine: the GPU image has no vLLM), a checkpoint written and resumed,
+evaluate.py on the checkpoint, the GPU's peak memory (torch.cuda.max_memory_allocated, logged by
+runlog.memory_metrics) beside memplan's plan for the same run, tests/gpu_run.py (vLLM's GPU call sequence
+around a stand-in), and two ranks on one GPU (--device auto must fall back to the CPU, not crash).
+
+Part B, the BabyAI recipe (config.smollm2) at GPU scale, every phase bounded in time:
+  1. the untrained model evaluated on the 200 test tasks x 2, beside the warm start's imitation;
+  2. GRPO from the warm start, 64 tasks x 8 samples a step, for --rl-seconds, validation every few steps,
+     beside the imitation control: the same warm start imitating for the same seconds (side by side on
+     the one GPU, so both had the same machine under the same load);
+  3. the warm start, the control and the RL result on the same 200 x 2 test episodes, the same decoding;
+  4. report.py's paired table and a result folder (report.py --publish).
+
+`--dry-run` runs both parts on this CPU at toy scale (a few minutes), so the GPU's minutes are never spent
+on a typo. Every phase's command, seconds, return code and log tail go to <out>/summary.json, and
+<out>/summary.md is the one page to read; a phase that fails or times out is recorded, and the rest
+still runs where it can.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# GPU scale: what part B's 8 minutes are spent on (override with GPU_RUN_<NAME>=value)
+GPU = dict(tasks=64, samples=8, rl_seconds=150, bc_episodes=800, bc_seconds=75, eval_tasks=100, eval_every=3,
+           micro_tokens=32768, test_tasks=200, k=2, chunk=200, timeout=400)
+# toy scale on the CPU: the same commands, seconds instead of minutes
+DRY = dict(tasks=2, samples=2, rl_seconds=1, bc_episodes=8, bc_seconds=5, eval_tasks=2, eval_every=1,
+           micro_tokens=2048, test_tasks=3, k=2, chunk=3, timeout=900)
+
+
+def scale(dry: bool) -> dict:
+    s = dict(DRY if dry else GPU)
+    for key in s:
+        if f"GPU_RUN_{key.upper()}" in os.environ:
+            s[key] = type(s[key])(os.environ[f"GPU_RUN_{key.upper()}"])
+    return s
+
+
+class Phases:
+    """Runs commands as named phases, logs each to <out>/<name>.log, records them in summary.json."""
+
+    def __init__(self, out: Path, timeout: int):
+        self.out, self.timeout, self.rows = out, timeout, []
+        self.path = out / "summary.json"
+        if self.path.exists():  # part B after part A in the same folder: keep A's rows
+            self.rows = json.loads(self.path.read_text())["phases"]
+
+    def run(self, name: str, cmd: list[str], env: dict | None = None, timeout: int | None = None) -> dict:
+        log = self.out / f"{name}.log"
+        t = time.perf_counter()
+        with open(log, "w") as f:
+            f.write("$ " + " ".join(cmd) + "\n")
+            f.flush()
+            try:
+                code = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout or self.timeout,
+                                      env={**os.environ, **(env or {})}).returncode
+            except subprocess.TimeoutExpired:
+                code = "timeout"
+        row = {"phase": name, "cmd": " ".join(cmd), "seconds": round(time.perf_counter() - t, 1), "code": code,
+               "tail": log.read_text(errors="replace").splitlines()[-12:]}
+        self.rows = [r for r in self.rows if r["phase"] != name] + [row]
+        print(f"[{name}] {'ok' if code == 0 else 'FAILED (' + str(code) + ')'} in {row['seconds']:.0f}s: {log}",
+              flush=True)
+        return row
+
+    def parallel(self, jobs: list[tuple]) -> list[dict]:
+        """Phases side by side (one GPU has room for several small ones)."""
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            return list(pool.map(lambda job: self.run(*job), jobs))
+
+    def save(self, extra: dict) -> None:
+        old = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.path.write_text(json.dumps({**old, **extra, "phases": self.rows}, indent=2) + "\n")
+
+
+def launch(script: str, *args, nproc: int = 1) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), script,
+            *map(str, args)]
+
+
+def metrics(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def planned_gb(run: Path, device: str) -> float | None:
+    """memplan's planned peak for a finished run's config, on `device`, in GB (None if it cannot say)."""
+    import config
+    import memplan
+    path = run / "config.json"
+    if not path.exists():
+        return None
+    cfg = config.Config(**{k: v for k, v in json.loads(path.read_text()).items()
+                           if k in {f.name for f in config.fields(config.Config)}})
+    dtype = config.compute_dtype(cfg.dtype, device, cfg.model)
+    return memplan.peak(memplan.rank_plan(cfg, 1, device, dtype)) / memplan.GB
+
+
+def part_a(out: Path, dry: bool, phases: Phases) -> dict:
+    device = "cpu" if dry else "cuda"
+    run = out / "a-train"
+    common = ["--env", "textcraft", "--device", device, "--dtype", "bfloat16", "--engine", "hf", "--horizon", "3",
+              "--tasks-per-step", "4", "--samples-per-task", "4", "--max-tokens", "16", "--save-every", "1",
+              "--eval-every", "2", "--eval-tasks", "4", "--out", run]
+    phases.run("a1-train", launch("train.py", *common, "--steps", "2"))
+    phases.run("a2-resume", launch("train.py", *common, "--steps", "3", "--resume"))
+    phases.run("a3-evaluate", launch("evaluate.py", "--env", "textcraft", "--model", run, "--device", device,
+                                     "--engine", "hf", "--split", "test", "--limit", "8", "--k", "2", "--turns", "3",
+                                     "--max-tokens", "16", "--out", out / "a-eval"))
+    (out / "a-standin-calls").mkdir(exist_ok=True)
+    # vLLM's GPU call sequence around a stand-in; as on the GPU image, without vLLM installed
+    phases.run("a4-standin", launch("tests/gpu_run.py", *common[:-1], out / "a-standin", "--steps", "2"),
+               env={"GPU_STANDIN_LOG": str(out / "a-standin-calls"), "GPU_STANDIN_WITHOUT_VLLM": "1"})
+    # two ranks on one GPU: --device auto must choose the CPU (each rank would otherwise claim GPU 1)
+    phases.run("a5-two-ranks", launch("train.py", "--env", "textcraft", "--steps", "1", "--horizon", "2",
+                                      "--max-tokens", "8", "--out", out / "a-two-ranks", nproc=2))
+    rows = metrics(run)
+    return {"a": {"steps": [r["step"] for r in rows],
+                  "resumed": "resuming from" in (out / "a2-resume.log").read_text(errors="replace"),
+                  "gpu_peak_mb": max((r.get("mem/gpu_peak_mb", 0) for r in rows), default=None),
+                  "gpu_reserved_mb": max((r.get("mem/gpu_reserved_mb", 0) for r in rows), default=None),
+                  "planned_gb": planned_gb(run, device),
+                  "time_step_s": [round(r["time/step"], 2) for r in rows if "time/step" in r],
+                  "eval": _eval_summary(out / "a-eval")}}
+
+
+def _eval_summary(folder: Path) -> dict | None:
+    path = folder / "results.json"
+    if not path.exists():
+        return None
+    budgets = json.loads(path.read_text())["budgets"]
+    row = budgets[max(budgets, key=int)]["all"]  # the largest turn budget, over all subtasks
+    return {k: row[k] for k in ("tasks", "episodes", "success", "avg_reward", "turns") if k in row}
+
+
+def part_b(out: Path, dry: bool, phases: Phases, s: dict) -> dict:
+    device = "cpu" if dry else "cuda"
+    rl, control = out / "b-rl", out / "b-imitation"
+    evals = {"untrained": out / "b-eval-untrained", "warm-start": out / "b-eval-warmstart",
+             "warm start + imitation": out / "b-eval-imitation", "warm start + GRPO": out / "b-eval-rl"}
+
+    def evaluate(label: str, model) -> tuple:
+        return (f"b-eval-{label.split()[-1].lower()}", launch(
+            "evaluate.py", "--env", "babyai", "--env-options", '{"brief": true}', "--model", model, "--device", device,
+            "--engine", "hf", "--split", "test", "--limit", s["test_tasks"], "--k", s["k"], "--chunk", s["chunk"],
+            "--turns", 8, "--max-tokens", 40, "--max-context", 2048, "--out", evals[label]))
+
+    recipe = ["--preset", "smollm2", "--device", device, "--engine", "hf", "--micro-tokens", s["micro_tokens"]]
+    # 0. the GGUF's conversion, once, before the phases that share it start side by side
+    phases.run("b0-convert", [sys.executable, "-c", "from models import resolve_model; print(resolve_model('smollm2'))"])
+    # 1. the warm start (imitation only: --steps 0), beside the untrained model's evaluation
+    phases.parallel([
+        ("b1-warmstart", launch("train.py", *recipe, "--steps", 0, "--bc-episodes", s["bc_episodes"],
+                                "--bc-seconds", s["bc_seconds"], "--eval-every", 0, "--out", rl)),
+        evaluate("untrained", "smollm2")])
+    warm = rl / "warmstart"
+    # 2. GRPO for --rl-seconds, beside the imitation control for the same seconds (several passes over its
+    #    demonstrations: on a GPU imitation consumes them faster than the expert can play new ones)
+    phases.parallel([
+        ("b2-grpo", launch("train.py", *recipe, "--resume", "--steps", 1000, "--rl-seconds", s["rl_seconds"],
+                           "--tasks-per-step", s["tasks"], "--samples-per-task", s["samples"],
+                           "--eval-every", s["eval_every"], "--eval-tasks", s["eval_tasks"], "--save-every", 1000,
+                           "--out", rl)),
+        ("b2-imitation", launch("train.py", *recipe, "--model", warm, "--seed", 1000, "--steps", 0,
+                                "--bc-episodes", s["bc_episodes"], "--bc-epochs", 50, "--bc-seconds", s["rl_seconds"],
+                                "--eval-every", 0, "--out", control))])
+    # 3. the four models on the same test episodes, the same decoding
+    phases.parallel([evaluate("warm-start", warm), evaluate("warm start + imitation", control / "warmstart"),
+                     evaluate("warm start + GRPO", rl)])
+    # 4. the paired table and the result folder
+    pairs = [f"{label}={folder}" for label, folder in evals.items()]
+    table = phases.run("b4-report", [sys.executable, "report.py", *pairs])
+    name = "results-dry-run" if dry else "babyai-smollm2-gpu"
+    phases.run("b4-publish", [sys.executable, "report.py", "--publish", rl, out / name, *pairs])
+    rows = metrics(rl)
+    return {"b": {"device": device, "scale": s, "steps": len(rows),
+                  "rl_seconds_spent": round(sum(r.get("time/step", 0) for r in rows), 1),
+                  "per_step": [{k: r.get(k) for k in ("step", "reward", "success", "eval/success", "constant_groups",
+                                                      "skipped", "time/step", "time/generate", "time/update",
+                                                      "mem/gpu_peak_mb") if k in r} for r in rows],
+                  "planned_gb": planned_gb(rl, device), "table": table["tail"],
+                  "evals": {label: _eval_summary(folder) for label, folder in evals.items()}}}
+
+
+def write_page(out: Path, summary: dict) -> None:
+    lines = [f"# GPU run ({summary.get('device_name', '?')})", ""]
+    for row in summary["phases"]:
+        lines.append(f"- {row['phase']}: {'ok' if row['code'] == 0 else 'FAILED ' + str(row['code'])}, "
+                     f"{row['seconds']:.0f} s")
+    for part in ("a", "b"):
+        if part in summary:
+            lines += ["", f"## part {part.upper()}", "", "```", json.dumps(summary[part], indent=1)[:6000], "```"]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def device_name(dry: bool) -> str:
+    import torch
+    if not dry and torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    import platform
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + " (CPU, dry run)"
+    except OSError:
+        pass
+    return platform.processor() + " (CPU, dry run)"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("part", choices=("A", "B", "all"))
+    p.add_argument("--dry-run", action="store_true", help="this CPU at toy scale: the same commands, a few minutes")
+    p.add_argument("--out", default="runs/gpu", help="the one folder everything worth keeping goes to")
+    args = p.parse_args(argv)
+    import torch
+    if not args.dry_run and not torch.cuda.is_available():
+        print("error: no GPU visible to torch; run on a CUDA machine, or add --dry-run for this CPU", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    s = scale(args.dry_run)
+    phases = Phases(out, s["timeout"])
+    summary = {"device_name": device_name(args.dry_run), "dry_run": args.dry_run}
+    try:
+        if args.part in ("A", "all"):
+            summary.update(part_a(out, args.dry_run, phases))
+            phases.save(summary)
+        if args.part in ("B", "all"):
+            summary.update(part_b(out, args.dry_run, phases, s))
+    finally:
+        phases.save(summary)
+        write_page(out, json.loads(phases.path.read_text()))
+    failed = [r["phase"] for r in phases.rows if r["code"] != 0]
+    print(f"summary: {out / 'summary.md'}" + (f"; failed: {', '.join(failed)}" if failed else "; every phase ok"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
