@@ -11,7 +11,7 @@ around a stand-in), and two ranks on one GPU (--device auto must fall back to th
 
 Part B, the BabyAI recipe (config.smollm2) at GPU scale, every phase bounded in time:
   1. the untrained model evaluated on the 200 test tasks x 2, beside the warm start's imitation;
-  2. GRPO from the warm start, 64 tasks x 8 samples a step, for --rl-seconds, validation every few steps,
+  2. GRPO from the warm start, 64 tasks x 8 samples a step, for --rl-seconds (120), validation every 3 steps,
      beside the imitation control: the same warm start imitating for the same seconds (side by side on
      the one GPU, so both had the same machine under the same load);
   3. the warm start, the control and the RL result on the same 200 x 2 test episodes, the same decoding;
@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # GPU scale: what part B's 8 minutes are spent on (override with GPU_RUN_<NAME>=value)
-GPU = dict(tasks=64, samples=8, rl_seconds=150, bc_episodes=800, bc_seconds=75, eval_tasks=100, eval_every=3,
-           micro_tokens=32768, test_tasks=200, k=2, chunk=200, timeout=400)
+GPU = dict(tasks=64, samples=8, rl_seconds=120, bc_episodes=640, bc_seconds=60, eval_tasks=100, eval_every=3,
+           micro_tokens=32768, test_tasks=200, k=2, chunk=200, timeout=300)
 # toy scale on the CPU: the same commands, seconds instead of minutes
 DRY = dict(tasks=2, samples=2, rl_seconds=1, bc_episodes=8, bc_seconds=5, eval_tasks=2, eval_every=1,
            micro_tokens=2048, test_tasks=3, k=2, chunk=3, timeout=900)

@@ -43,6 +43,8 @@ def metrics(out):
     (Config(steps=0), "--steps 0 trains nothing without a warm start"),
     (Config(steps=-1, env="babyai", bc_episodes=4), "--steps must be positive"),
     (Config(bc_seconds=-1), "--bc-seconds must be >= 0"),
+    (Config(rl_seconds=-5), "--rl-seconds must be >= 0"),
+    (Config(gpu_memory_utilization=1.0), "--gpu-memory-utilization must be in (0, 1)"),
     (Config(eval_turns=-2), "--eval-turns"),
     (Config(min_groups=-1), "--min-groups must be >= 0"),
     (Config(env="babyai", refusal_penalty=-0.1), "--refusal-penalty must be >= 0"),
@@ -241,3 +243,14 @@ def test_in_training_evaluation_without_a_validation_split_is_refused_before_sta
     cfg = config.parse(["--env", "webarena", "--env-options", '{"configs": "webarena"}', "--eval-every", "2"])
     problem = config.check(cfg, 1)
     assert problem and "--eval-every 0" in problem and "\n" not in problem
+
+
+def test_rl_seconds_ends_the_run_with_a_saved_last_step(tmp_path):
+    """--rl-seconds (a GPU lent for minutes): the step during which the time runs out is the last one,
+    and it saves like the last step of --steps, so the run can be evaluated and resumed."""
+    out = tmp_path / "run"
+    proc = torchrun(["--env", "tests.toy:Digits", "--steps", "50", "--rl-seconds", "0.01", "--horizon", "1",
+                     "--max-tokens", "6", "--tasks-per-step", "2", "--samples-per-task", "2", "--out", str(out)])
+    assert [r["step"] for r in metrics(out)] == [0]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
+    assert "--rl-seconds 0.01" in proc.stdout and "stopping after step 1" in proc.stdout
