@@ -308,6 +308,16 @@ def main() -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def portable(text: str) -> str:
+    """`text` without the paths of the machine that wrote it: the repository as ".", the model cache as
+    $AGENTGYM_CACHE (models.cache_root), the scratch folder as $TMP. A committed result names no machine."""
+    from models import cache_root
+
+    for path, name in ((str(cache_root()), "$AGENTGYM_CACHE"), (str(ROOT), "."), (tempfile.gettempdir(), "$TMP")):
+        text = text.replace(path + "/", name + "/").replace(json.dumps(path)[1:-1] + "/", name + "/")
+    return text
+
+
 def report(info: dict, settings: list[str], args) -> None:
     c = info["cpu"]
     print(f"\n## TRL GRPOTrainer and ours, {args.prompts} prompts x {args.samples} completions of "
@@ -323,7 +333,7 @@ def report(info: dict, settings: list[str], args) -> None:
         print(f"\n{name}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in run["mean"].items()) + f"; {run['notes']}")
     print("\ncommands:\n    " + info["command"] + "".join(f"\n    {r['command']}" for r in info["runs"].values()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(info, indent=1, default=str))
+    args.out.write_text(portable(json.dumps(info, indent=1, default=str)))
     print(f"\n# written: {args.out}")
 
 
