@@ -7,7 +7,8 @@ behaviour cloning (AgentTraj) before its evolution step; this is the same idea a
 
 Departure from the paper: AgentGym-RL trains from the instruct model with RL alone (a 7B model follows
 the format out of the box). Here, when `--bc-episodes` > 0, the policy first imitates the env's expert
-(`env.expert()`, e.g. minigrid's BabyAI bot behind the text actions, envs/babyai_expert.py) on TRAIN
+(`env.expert()`, e.g. minigrid's BabyAI bot behind the text actions, envs/babyai_expert.py, or the
+ScienceWorld simulator's gold path, envs/sciworld.py) on TRAIN
 tasks for a short while, and RL starts from that model. Results report the RL gain over this warm start,
 not over the raw model.
 

@@ -33,6 +33,18 @@ Action parsing (`parser`): "ours" takes the first non-empty line after a single 
 (`envs.parse_action`); "agentgym" takes the text after the first `Action:` as AgentGym's client did
 (`envs.agentgym_action`). `--prompt-style agentgym` selects the latter.
 
+Expert (`expert()`, for warmstart.py's demonstrations): the next action of the simulator's gold path,
+as 'Thought:\\nStep k of n of the plan.\\n\\nAction:\\n<action>'. The path is built on the expert's first call
+of an episode (`load(..., gold=True)` runs the simulator's gold agent: about 0.2-3 s for the short task
+types, ~30 s for Mendelian genetics), never at a plain reset. On the 1,030 dev variations of 19 task types
+(all but boil, freeze, the known melting point, growing, life stages 1, inclined planes and genetics) every
+path built, and replayed in one reused JVM 974 reached score 100 within 80 turns; 45 paths are longer than
+that (melt, change of state, unknown melting point), and 11 of test-conductivity's 225 failed: their paths
+answer an ambiguous `drop shovel` with '0', the gold agent's choice, and the options can come in another
+order (the JVM's identity-hash order), so '0' drops the wrong shovel. The gold agent's route can also differ
+between two builds of one task. A path that cannot be built or runs out raises, which warmstart.py
+counts as one failed demonstration.
+
 Determinism: load() reseeds the simulator's RNG with the variation, so the first observation of a task
 id is reproducible. A few dynamics (bees, wandering animals, Mendelian pollination) also depend on the
 JVM's identity-hash order, so in a reused JVM they can unfold differently after different histories.
@@ -200,6 +212,9 @@ class SciWorld:
             raise ValueError(f"unknown simplifications {sorted(unknown)}; choose from {sorted(SIMPLIFICATIONS)}")
         self.success, self.crashed, self.error = False, False, None
         self.done, self.score, self.task_id = True, 0, None
+        self._gold: list[str] | None = None  # the expert's plan: the gold path of the current task, built on demand
+        self._gold_error: str | None = None  # why the simulator could not build it (asked again: the same error)
+        self._cursor = 0                     # how many of the plan's actions the expert has given
         self._gateway = self._sim = self._process = None
         self._start()
 
@@ -231,7 +246,8 @@ class SciWorld:
 
     # -- episode
     def reset(self, task_id: int, *, gold: bool = False) -> str:
-        """Load task `task_id`; `gold=True` also has the simulator build its gold path (slow; for tests)."""
+        """Load task `task_id`; `gold=True` also has the simulator build its gold path now (slow: 0.2-3 s
+        for short task types, ~30 s for Mendelian genetics; `expert()` builds it on its first call instead, so a plain reset stays fast)."""
         name, variation = self.locate(task_id)
         if self.crashed or self._process is None or self._process.poll() is not None:
             self._restart()
@@ -241,6 +257,7 @@ class SciWorld:
             self._restart()
             description, look = self._load(name, variation, gold)
         self.task_id, self.score, self.done, self.success = task_id, 0, False, False
+        self._gold, self._gold_error, self._cursor = (self.gold_actions() if gold else None), None, 0
         return f"{description}\n{look}"
 
     def step(self, text: str) -> tuple[str, float, bool]:
@@ -280,6 +297,32 @@ class SciWorld:
         """The simulator's gold action sequence for the current task (needs `reset(task_id, gold=True)`)."""
         return list(self._sim.getGoldActionSequence())
 
+    def expert(self) -> str:
+        """The expert's reply ('Thought:\\n...\\n\\nAction:\\n<action>') for the current state: the next action
+        of the simulator's gold path for the current task, one per call (warmstart.py asks once a turn).
+
+        The gold path is built on the first call of an episode (`_build_gold`), not at reset, so RL's
+        resets stay fast. It is a plan for the untouched task, played from a cursor: where the episode has
+        left it (other actions in between, or dynamics that unfold differently in a reused JVM) the expert
+        keeps following it, and the simulator's answers show the divergence. Raises RuntimeError when the
+        simulator cannot build the path (it threw, timed out, or built none) or the plan is used up before
+        the task is done; warmstart.py counts that as one failed demonstration."""
+        if self.task_id is None or self.done:
+            raise RuntimeError("the episode is over: reset the environment before asking the expert")
+        if self._gold is None and self._gold_error is None:
+            self._build_gold()
+        name, variation = self.locate(self.task_id)
+        if self._gold_error is not None:
+            raise RuntimeError(f"no gold path for {name} variation {variation}: {self._gold_error}")
+        if not self._gold:
+            raise RuntimeError(f"the simulator built an empty gold path for {name} variation {variation}")
+        if self._cursor >= len(self._gold):
+            raise RuntimeError(f"all {len(self._gold)} actions of the gold path of {name} variation {variation} "
+                               f"are played and the task is not done (score {self.score})")
+        self._cursor += 1
+        return (f"Thought:\nStep {self._cursor} of {len(self._gold)} of the plan.\n\n"
+                f"Action:\n{self._gold[self._cursor - 1]}")
+
     @property
     def jvm_pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
@@ -306,6 +349,37 @@ class SciWorld:
         self._sim.load(name, variation, self.simplifications, gold)
         # `look around` is a free action (no move), as AgentGym's reset did it.
         return self._sim.getTaskDescription(), self._sim.step("look around")
+
+    def _build_gold(self) -> None:
+        """Have the simulator build the gold path of the current task, leaving the episode where it was.
+
+        `load(..., gold=True)` loads the task, runs the simulator's gold agent through it and loads it
+        afresh, so it wipes the episode: the episode's actions (the simulator's own history, starting with
+        the reset's free `look around`) are replayed after it. Asked on the first turn, that replay is the
+        one free look. The cursor starts after the episode's actions that already follow the path.
+        A Java exception (the gold agent failed) is kept in `_gold_error`, with the task reloaded as it
+        was; a dead or hung JVM ends the episode as a crash, as in step()."""
+        name, variation = self.locate(self.task_id)
+        try:
+            if self._process.poll() is not None:  # as in step(): do not make py4j retry a dead port
+                raise Py4JError(f"the JVM exited with code {self._process.returncode}")
+            played = list(self._sim.getActionHistory())
+            try:
+                self._sim.load(name, variation, self.simplifications, True)
+                self._gold = list(self._sim.getGoldActionSequence())
+            except Py4JJavaError as e:  # the gold agent threw: its half-played world is no episode's state
+                self._gold_error = f"the simulator's gold agent failed ({str(e).splitlines()[0][:200]})"
+                self._sim.load(name, variation, self.simplifications, False)
+            for action in played:
+                self._sim.step(action)
+        except Py4JError as e:  # JVM gone, or no answer within `timeout` (building a path can take ~30 s)
+            self._crash(e)
+            self._gold_error = f"the simulator crashed or stopped responding while building it ({self.error[:200]})"
+            return
+        agent = played[1:]  # after the reset's look around
+        while (self._gold and self._cursor < min(len(agent), len(self._gold))
+               and agent[self._cursor] == self._gold[self._cursor]):
+            self._cursor += 1
 
     def _crash(self, e: Exception) -> str:
         self.crashed, self.error, self.done, self.success = True, f"{type(e).__name__}: {e}", True, False

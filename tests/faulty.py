@@ -7,6 +7,8 @@ that hangs at start-up, a page that never loads).
 in this process (the OOM killer, a JVM crash), before the step is sent to it. That step's reply is
 replaced by a valid action, so that it reaches the dead JVM: the tiny model's replies rarely hold one,
 and a malformed reply is answered without asking the simulator.
+`JVMKilledAtExpert`: the real ScienceWorld env whose JVM is killed when its expert is first asked, before
+the gold path is built (tests/test_sciworld.py: one failed demonstration, not a failed run).
 """
 from __future__ import annotations
 
@@ -35,18 +37,35 @@ class HangingReset(Digits):
         return super().reset(task_id)
 
 
+def _kill(pid: int) -> None:
+    """SIGKILL `pid` and wait until it is dead: delivery is asynchronous, the next call must meet a dead JVM."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:  # py4j's watcher reaped it already
+            return
+        time.sleep(0.01)
+
+
 class JVMKilledSciWorld(SciWorld):
     def step(self, text: str) -> tuple[str, float, bool]:
         if self.jvm_pid and _first_time():
-            pid = self.jvm_pid
-            os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 10  # delivery is asynchronous: the step must meet a dead JVM
-            while time.monotonic() < deadline:
-                try:
-                    if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                        break
-                except psutil.NoSuchProcess:  # py4j's watcher reaped it already
-                    break
-                time.sleep(0.01)
+            _kill(self.jvm_pid)
             text = "Thought:\nlook\n\nAction:\nlook around"
         return super().step(text)
+
+
+class JVMKilledAtExpert(SciWorld):
+    """The real ScienceWorld env whose JVM is killed the first time this instance's expert is asked,
+    before the simulator has built the gold path (the JVM dies during a warm start)."""
+
+    killed = False
+
+    def expert(self) -> str:
+        if self.jvm_pid and not self.killed:
+            self.killed = True
+            _kill(self.jvm_pid)
+        return super().expert()

@@ -7,7 +7,11 @@
 - a few thousand adversarial replies never raise, always return (str, float, bool), leave the JVM alive;
 - a hung JVM (SIGSTOP) and a killed JVM end the episode with the `crashed` flag; after a kill the
   next reset starts a fresh JVM and works;
-- missing Java is reported at construction with what to install.
+- missing Java is reported at construction with what to install;
+- the expert (`SciWorld.expert()`): its replies parse with the env's parsers and, stepped, reach success
+  on train variations of short task types; a plain reset builds no gold path; asked mid-episode it keeps
+  the episode's state; `warmstart.expert_episode` records it token-exactly; a gold path the simulator
+  cannot deliver is one failed demonstration.
 """
 from __future__ import annotations
 
@@ -17,10 +21,16 @@ import time
 
 import psutil
 import pytest
+from transformers import AutoTokenizer
 
-from envs import Env, make
+import tiny
+import warmstart
+from config import Config, check
+from envs import Env, agentgym_action, make, parse_action
 from envs.sciworld import NUM_TASKS, OFFSETS, TASK_TYPES, SciWorld
+from rollout import ChatFormat
 from tests.adversarial import adversarial_replies
+from tests.faulty import JVMKilledAtExpert
 
 SLOW = {"mendelian-genetics-known-plant", "mendelian-genetics-unknown-plant"}
 
@@ -149,3 +159,99 @@ def test_missing_java_is_reported(monkeypatch, tmp_path):
         SciWorld()
     with pytest.raises(RuntimeError, match="Java"):
         SciWorld(java=str(tmp_path / "java"))
+
+
+# -- the expert (SciWorld.expert): the simulator's gold path, one action per reply
+
+# Train variations of short task types (gold paths of about 5-20 actions).
+EXPERT_TASKS = [("find-living-thing", 7), ("find-non-living-thing", 9), ("find-animal", 4), ("use-thermometer", 11),
+                ("lifespan-longest-lived", 5)]
+
+
+def _task(name: str, variation: int) -> int:
+    kind = next(k for k, row in enumerate(TASK_TYPES) if row[2] == name)
+    assert variation < TASK_TYPES[kind][3]  # a train variation
+    return OFFSETS[kind] + variation
+
+
+def test_config_accepts_a_sciworld_warm_start():
+    assert check(Config(env="sciworld", bc_episodes=4), 1) is None
+    assert check(Config(env="sciworld", bc_anchor=4), 1) is None
+
+
+@pytest.mark.parametrize("name,variation", EXPERT_TASKS)
+def test_expert_replies_parse_and_reach_success(env, name, variation):
+    task = _task(name, variation)
+    env.reset(task)
+    assert env.gold_actions() == []  # a plain reset has the simulator build no gold path
+    turns, done = 0, False
+    while not done:
+        reply = env.expert()
+        assert reply.startswith("Thought:\n") and "\n\nAction:\n" in reply
+        action, error = parse_action(reply)
+        assert error is None and (action, None) == agentgym_action(reply) and reply.endswith("\n" + action)
+        assert action == env.gold_actions()[turns]  # the simulator's own gold path, in order
+        _, reward, done = env.step(reply)
+        turns += 1
+        assert turns <= len(env.gold_actions())
+    assert env.success and reward == 1.0 and not env.crashed
+    env.reset(task)  # the next plain reset drops the gold path the expert had the simulator build
+    assert env.gold_actions() == []
+
+
+def test_expert_asked_mid_episode_keeps_the_episode(env):
+    """Building the gold path reloads the task; the episode's own actions are replayed, and the cursor
+    starts after those that follow the path. (The gold agent's route here goes through the kitchen or
+    the greenhouse, depending on the JVM's history: both doors are opened first.)"""
+    env.reset(_task("find-living-thing", 7))
+    for room in ("kitchen", "greenhouse"):
+        assert env.step(f"Action:\nopen door to {room}")[0] == "The door is now open."
+    reply = env.expert()
+    gold = env.gold_actions()
+    assert len(gold) > 2 and gold[0] in ("open door to kitchen", "open door to greenhouse")
+    k = 2 if gold[0] == "open door to kitchen" else 1  # the first agent action follows the path or not
+    assert reply == f"Thought:\nStep {k} of {len(gold)} of the plan.\n\nAction:\n{gold[k - 1]}"
+    look, _, _ = env.step("Action:\nlook around")  # the replayed actions left both doors open
+    assert "door to the kitchen (that is open)" in look and "door to the greenhouse (that is open)" in look
+    _, reward, done = env.step(reply)
+    while not done:
+        _, reward, done = env.step(env.expert())
+    assert env.success and reward == 1.0
+
+
+def test_expert_episode_is_a_successful_token_exact_demonstration(env):
+    chat = ChatFormat(AutoTokenizer.from_pretrained(tiny.tiny_model_dir()))
+    ep = warmstart.expert_episode(env, chat, _task("find-animal", 4), max_turns=30, max_context=16384)
+    assert ep.success and ep.end == "done" and ep.reward == 1.0 and not ep.error
+    replies = [m["content"] for m in ep.messages if m["role"] == "assistant"]
+    assert ep.turns == len(replies) <= len(env.gold_actions())
+    assert ep.messages[0] == {"role": "system", "content": env.instruction}
+    expected = [t for r in replies for t in chat.encode(r) + list(chat.stop_ids[:1])]
+    generated = ep.ids[ep.prompt_len:]
+    assert len(ep.mask) == len(generated)
+    assert [t for t, m in zip(generated, ep.mask) if m] == expected  # exactly the expert's tokens are trained
+    assert 0 < sum(ep.mask) < len(ep.mask)  # the observations in between are not
+    observations = chat.tok.decode([t for t, m in zip(generated, ep.mask) if not m])
+    assert "You move to the" in observations
+
+
+def test_a_gold_path_the_simulator_cannot_build_is_one_failed_demonstration():
+    """The JVM dies when the expert is first asked, before the simulator has built the gold path (tests/
+    faulty.py kills it for real): one failed demonstration (end "expert_error"), never an exception out of
+    the episode; the next episode on the same instance starts a fresh JVM and its expert succeeds."""
+    env = JVMKilledAtExpert(timeout=60)
+    chat = ChatFormat(AutoTokenizer.from_pretrained(tiny.tiny_model_dir()))
+    task = _task("find-non-living-thing", 9)
+    try:
+        ep = warmstart.expert_episode(env, chat, task, max_turns=30, max_context=16384)
+        assert ep.end == "expert_error" and not ep.success and ep.turns == sum(ep.mask) == 0
+        assert ep.error.startswith("RuntimeError: no gold path for find-non-living-thing variation 9: "
+                                   "the simulator crashed or stopped responding")
+        assert env.crashed and env.done
+        with pytest.raises(RuntimeError, match="the episode is over"):
+            env.expert()
+        first_jvm = env.jvm_pid
+        ok = warmstart.expert_episode(env, chat, task, max_turns=30, max_context=16384)
+        assert ok.success and ok.end == "done" and not env.crashed and env.jvm_pid != first_jvm
+    finally:
+        env.close()
