@@ -38,10 +38,10 @@ sys.path.insert(0, str(ROOT))
 
 # GPU scale: what part B's 8 minutes are spent on (override with GPU_RUN_<NAME>=value)
 GPU = dict(tasks=64, samples=8, rl_seconds=120, bc_episodes=640, bc_seconds=60, eval_tasks=100, eval_every=3,
-           micro_tokens=32768, test_tasks=200, k=2, chunk=200, timeout=300)
+           micro_tokens=32768, test_tasks=200, k=2, chunk=200, turns=8, max_tokens=40, horizon="6,8@6", timeout=300)
 # toy scale on the CPU: the same commands, seconds instead of minutes
 DRY = dict(tasks=2, samples=2, rl_seconds=1, bc_episodes=8, bc_seconds=5, eval_tasks=2, eval_every=1,
-           micro_tokens=2048, test_tasks=3, k=2, chunk=3, timeout=900)
+           micro_tokens=2048, test_tasks=3, k=2, chunk=3, turns=2, max_tokens=12, horizon="2", timeout=900)
 
 
 def scale(dry: bool) -> dict:
@@ -159,9 +159,10 @@ def part_b(out: Path, dry: bool, phases: Phases, s: dict) -> dict:
         return (f"b-eval-{label.split()[-1].lower()}", launch(
             "evaluate.py", "--env", "babyai", "--env-options", '{"brief": true}', "--model", model, "--device", device,
             "--engine", "hf", "--split", "test", "--limit", s["test_tasks"], "--k", s["k"], "--chunk", s["chunk"],
-            "--turns", 8, "--max-tokens", 40, "--max-context", 2048, "--out", evals[label]))
+            "--turns", s["turns"], "--max-tokens", s["max_tokens"], "--max-context", 2048, "--out", evals[label]))
 
-    recipe = ["--preset", "smollm2", "--device", device, "--engine", "hf", "--micro-tokens", s["micro_tokens"]]
+    recipe = ["--preset", "smollm2", "--device", device, "--engine", "hf", "--micro-tokens", s["micro_tokens"],
+              "--horizon", s["horizon"], "--max-tokens", s["max_tokens"]]
     # 0. the GGUF's conversion, once, before the phases that share it start side by side
     phases.run("b0-convert", [sys.executable, "-c", "from models import resolve_model; print(resolve_model('smollm2'))"])
     # 1. the warm start (imitation only: --steps 0), beside the untrained model's evaluation
