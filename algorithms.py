@@ -7,6 +7,10 @@ prompt, role headers, observations and padding. Estimators (AgentGym-RL trains w
     grpo / rloo          group baselines on the scalar episode reward, broadcast to policy tokens
     reinforce++(_baseline)  token rewards, return-to-go over policy tokens, batch whitening
     gae                  PPO with a critic; TD errors and GAE run over policy tokens only
+    gigpo                GRPO's episode term plus step groups of turns from one state (gigpo.py)
+
+`advantages` is the one entry point: the trainer gives it the whole step's rewards and groups (every
+rank's), its own rows' tokens, and cross-rank reductions for the batch whitening.
 
 Departures from the paper's code (verl-based) and from common implementations, each repeated in the
 docstring concerned:
@@ -40,7 +44,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-ESTIMATORS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "gae")
+import gigpo
+
+ESTIMATORS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "gae", "gigpo")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-sum-norm")
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps exp() finite so backward never meets inf * 0 = NaN
 
@@ -239,9 +245,22 @@ def group_baseline(kind: str, rewards: Tensor, group_ids: Tensor, norm_by_std: b
     return torch.where(constant, torch.zeros_like(adv), adv)
 
 
+def step_advantages(rewards: Tensor, groups: Tensor, states: list[list[str]], gamma: float = 0.95,
+                    norm_by_std: bool = True, eps: float = 1e-6) -> list[Tensor]:
+    """GiGPO's step term A_S: per episode a (turns,) float64 tensor, each turn's discounted return against
+    the other turns taken from the same state in the same group (gigpo.step_groups)."""
+    _require_finite("reward", rewards)
+    returns, ids = gigpo.step_groups(rewards, groups, states, gamma)
+    flat = group_baseline("grpo", returns, ids, norm_by_std, eps) if len(returns) else torch.zeros(0)
+    ends = torch.tensor([0, *map(len, states)]).cumsum(0).tolist()
+    return [flat[a:b].double() for a, b in zip(ends, ends[1:])]
+
+
 def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
                token_kl: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, kl_coef: float = 0.0,
-               norm_by_std: bool = True, eps: float = 1e-6, whiten: bool = True) -> tuple[Tensor, Tensor]:
+               norm_by_std: bool = True, eps: float = 1e-6, whiten: bool = True, *, rows: slice | None = None,
+               reduce_sum=None, reduce_max=None, states: list[list[str]] | None = None, step_weight: float = 1.0,
+               positive_only: bool = False) -> tuple[Tensor, Tensor]:
     """Advantages and returns, both (B, T) and 0 wherever mask is 0.
 
     rewards (B,) episode rewards r_i; mask (B, T); group_ids (B,) long, equal for episodes sampled for
@@ -258,32 +277,48 @@ def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, valu
     reinforce++_baseline   as reinforce++ with r_i - mean_g in place of r_i.
     gae     PPO: token rewards as reinforce++ (no KL when kl_coef=0); GAE over policy tokens
             (see `_gae_over_mask`); returns = A + V (before whitening); A whitened over the batch.
+    gigpo   A_E(i) + step_weight * A_S(i, t) on the tokens of turn t (gigpo.py): A_E is grpo's, A_S
+            compares turn t's return gamma^(T_i-1-t) r_i with the other turns from the same state
+            (`states[i]`, the keys of the observations episode i's turns answered). returns = A.
     whiten=False skips the batch whitening (reinforce++ variants and gae) e.g. to inspect raw values.
+    positive_only keeps max(A, 0): episodes better than their group are pushed up, worse ones not down.
 
-    Statistics (group and batch) cover the tensors passed in: give the whole step's batch (all ranks)
-    so every group is complete. Rows with an empty mask count in their group's reward statistics but
-    get no tokens. Raises ValueError on an unknown name, shape mismatch, non-finite rewards, or
-    non-finite values/token_kl on policy tokens (non-finite entries at mask 0 are ignored).
+    Statistics (group and batch) cover the whole step: `rewards`, `group_ids` (and `states`) are the
+    step's N episodes (all ranks), `mask` (and `values`, `token_kl`) this process's rows `rows` of them
+    (default all N), and `reduce_sum` / `reduce_max` combine the whitening statistics over processes
+    (see `masked_whiten`; identity by default). Rows with an empty mask count in their group's reward
+    statistics but get no tokens. Raises ValueError on an unknown name, shape mismatch, non-finite
+    rewards, or non-finite values/token_kl on policy tokens (non-finite entries at mask 0 are ignored).
     """
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; use one of {', '.join(ESTIMATORS)}")
     B, T = mask.shape
-    if rewards.shape != (B,) or group_ids.shape != (B,):
-        raise ValueError(f"rewards and group_ids must have shape ({B},) to match mask {tuple(mask.shape)}, "
-                         f"got {tuple(rewards.shape)} and {tuple(group_ids.shape)}")
+    rows = rows or slice(0, len(rewards))
+    if rewards.shape != group_ids.shape or rewards[rows].shape != (B,):
+        raise ValueError(f"rewards and group_ids must have shape ({B},) to match mask {tuple(mask.shape)} (or "
+                         f"hold the whole step, of which `rows` selects these {B}), got {tuple(rewards.shape)} "
+                         f"and {tuple(group_ids.shape)}")
     rewards = rewards.detach().to(_float(rewards.dtype))
     _require_finite("reward", rewards)
     m = mask.bool()
 
-    if name in ("grpo", "rloo"):
+    if name in ("grpo", "rloo", "gigpo"):
         if kl_coef != 0.0:  # silently ignoring a hyperparameter hides a misconfigured run
             raise ValueError(f"{name} takes no KL in the reward; use kl_loss(...) or set kl_coef=0")
-        adv = group_baseline(name, rewards, group_ids, norm_by_std, eps).to(rewards.dtype)
-        adv = _keep(adv[:, None].expand(B, T), m)
-        return adv, adv.clone()
+        scalar = group_baseline("rloo" if name == "rloo" else "grpo", rewards, group_ids, norm_by_std, eps)
+        if name == "gigpo":
+            if states is None or len(states) != len(rewards):
+                raise ValueError("gigpo needs states: per episode of the step, the keys of the observations its "
+                                 "turns answered (rollout.Episode.states)")
+            steps = step_advantages(rewards, group_ids, states, gamma, norm_by_std, eps)[rows]
+            adv = _keep(gigpo.per_turn(scalar[rows], steps, mask, step_weight), m).float()
+        else:
+            adv = _keep(scalar[rows].to(rewards.dtype)[:, None].expand(B, T), m)
+        return (adv.clamp(min=0) if positive_only else adv), adv.clone()
 
     if name == "reinforce++_baseline":
         rewards = group_baseline("center", rewards, group_ids).to(rewards.dtype)
+    rewards = rewards[rows]
     token_r = terminal_rewards(rewards, mask)                    # (B, T)
     if kl_coef != 0.0:
         if token_kl is None:
@@ -304,7 +339,8 @@ def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, valu
     else:
         adv = _gae_over_mask(token_r, torch.zeros_like(token_r), mask, gamma, 1.0)
         returns = adv.clone()
-    return (masked_whiten(adv, mask) if whiten else adv), returns
+    adv = masked_whiten(adv, mask, reduce_sum=reduce_sum, reduce_max=reduce_max) if whiten else adv
+    return (adv.clamp(min=0) if positive_only else adv), returns
 
 
 # ---------------------------------------------------------------- losses

@@ -24,7 +24,9 @@ come: with gamma < 1, reaching the goal sooner from the same state counts as bet
 settings: gamma 0.95, weight 1.
 
 Turns are found on the token mask: turn t of a row is its t-th run of policy tokens (replies are
-always separated by observation tokens), matched to the t-th key of `Episode.states`.
+always separated by observation tokens), matched to the t-th key of `Episode.states`. This file holds
+the bookkeeping (state keys, step groups, turns on the mask); the arithmetic is the estimator's own,
+`algorithms.advantages("gigpo", ..., states=...)`, with the one group baseline every estimator uses.
 Tests: python -m pytest tests/test_gigpo.py
 """
 from __future__ import annotations
@@ -33,8 +35,6 @@ import hashlib
 
 import torch
 from torch import Tensor
-
-import algorithms as A
 
 
 def state_key(observation: str) -> str:
@@ -49,28 +49,37 @@ def turn_index(mask: Tensor) -> Tensor:
     return torch.where(m, starts.long().cumsum(1) - 1, torch.full_like(m, -1, dtype=torch.long))
 
 
-def step_advantages(rewards: Tensor, groups: Tensor, states: list[list[str]], gamma: float = 0.95,
-                    norm_by_std: bool = True, eps: float = 1e-6) -> list[Tensor]:
-    """Per episode, a (turns,) float64 tensor of A_S: each turn's discounted return against the other
-    turns taken from the same state in the same group. `rewards` (B,) episode rewards, `groups` (B,)
-    group ids, `states[i]` the keys of the observations episode i's turns answered, in order."""
+def step_groups(rewards: Tensor, groups: Tensor, states: list[list[str]], gamma: float = 0.95
+                ) -> tuple[Tensor, Tensor]:
+    """Every turn of every episode as one row: (returns, ids), both (turns,), in episode order. returns
+    float64, R_i,t = gamma^(T_i - 1 - t) R_i; ids the step group s = (group, state) of the turn, which
+    `algorithms.advantages("gigpo", ...)` hands to the group baseline. `states[i]` are the keys of the
+    observations episode i's turns answered, in order."""
     if len(states) != len(rewards) or len(groups) != len(rewards):
         raise ValueError(f"{len(rewards)} rewards need as many group ids and state lists, "
                          f"got {len(groups)} and {len(states)}")
-    A._require_finite("reward", rewards)
     ids: dict[tuple[int, str], int] = {}
     returns, where = [], []
-    for i, (r, g, keys) in enumerate(zip(rewards.double().tolist(), groups.tolist(), states)):
+    for r, g, keys in zip(rewards.double().tolist(), groups.tolist(), states):
         for t, key in enumerate(keys):
             where.append(ids.setdefault((g, key), len(ids)))
             returns.append(gamma ** (len(keys) - 1 - t) * r)
-    flat = A.group_baseline("grpo", torch.tensor(returns, dtype=torch.float64),
-                            torch.tensor(where, dtype=torch.long), norm_by_std, eps) if returns else torch.zeros(0)
-    out, at = [], 0
-    for keys in states:
-        out.append(flat[at:at + len(keys)].double())
-        at += len(keys)
-    return out
+    return torch.tensor(returns, dtype=torch.float64), torch.tensor(where, dtype=torch.long)
+
+
+def per_turn(episode: Tensor, steps: list[Tensor], mask: Tensor, weight: float) -> Tensor:
+    """(b, T) float64 token advantages A_E + weight * A_S from the rows' episode terms (b,) and step terms
+    (one (turns,) tensor a row). A row whose policy-token runs do not match its states (an episode cut
+    short by a simulator failure has no policy tokens at all) gets A_E alone."""
+    turns = turn_index(mask)
+    adv = torch.zeros(mask.shape, dtype=torch.float64)
+    for i, (a_e, a_s) in enumerate(zip(episode.tolist(), steps)):
+        on = turns[i] >= 0
+        runs = int(turns[i].max()) + 1
+        if runs > 0:
+            turn_adv = a_e + weight * a_s if runs == len(a_s) else torch.full((runs,), a_e, dtype=torch.float64)
+            adv[i, on] = turn_adv[turns[i, on]]
+    return adv
 
 
 def shared_turns(groups: Tensor, states: list[list[str]]) -> float:
@@ -82,23 +91,3 @@ def shared_turns(groups: Tensor, states: list[list[str]]) -> float:
             seen[(g, key)] = seen.get((g, key), 0) + 1
     total = sum(seen.values())
     return sum(n for n in seen.values() if n > 1) / total if total else 0.0
-
-
-def advantages(rewards: Tensor, groups: Tensor, states: list[list[str]], mask: Tensor, rows: slice | None = None,
-               gamma: float = 0.95, weight: float = 1.0, norm_by_std: bool = True, eps: float = 1e-6) -> Tensor:
-    """(b, T) float32 token advantages A_E + weight * A_S for the rows `rows` of the whole step (default
-    all), whose (b, T) `mask` is given: statistics come from every episode of the step (all ranks),
-    the tokens only from this rank's rows. A row whose policy-token runs do not match its states
-    (an episode cut short by a simulator failure has no policy tokens at all) gets A_E alone."""
-    rows = rows or slice(0, len(rewards))
-    episode = A.group_baseline("grpo", rewards, groups, norm_by_std, eps)[rows]
-    steps = step_advantages(rewards, groups, states, gamma, norm_by_std, eps)[rows]
-    turns = turn_index(mask)
-    adv = torch.zeros(mask.shape, dtype=torch.float64)
-    for i, (a_e, a_s) in enumerate(zip(episode.tolist(), steps)):
-        on = turns[i] >= 0
-        runs = int(turns[i].max()) + 1
-        if runs > 0:
-            per_turn = a_e + weight * a_s if runs == len(a_s) else torch.full((runs,), a_e, dtype=torch.float64)
-            adv[i, on] = per_turn[turns[i, on]]
-    return (adv * mask.double()).float()

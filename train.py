@@ -42,6 +42,7 @@ import checkpoint
 import config as configs
 import envs
 import faults
+import gigpo
 import lifeline
 import memplan
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
@@ -160,37 +161,24 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
 # ------------------------------------------------------------------ advantages over all ranks
 
 def global_advantages(cfg, d, batch, values, token_kl) -> tuple[torch.Tensor, torch.Tensor]:
-    """algorithms.advantages with group statistics over the whole step and whitening over all ranks
-    (the same `masked_whiten` as the single-process path, fed cross-rank sums and maxima).
-    --positive-only keeps the positive part: failed episodes are not pushed down, only better ones up."""
-    mask, rewards, groups = batch["mask"], batch["rewards"], batch["groups"]
-    world = dist.get_world_size()
-    gathered = [torch.zeros_like(rewards) for _ in range(world)]
-    dist.all_gather(gathered, rewards)
-    all_rewards = torch.cat(gathered)
-    gids = [torch.zeros_like(groups) for _ in range(world)]
-    dist.all_gather(gids, groups)
-    all_groups = torch.cat(gids)
-    mine = slice(dist.get_rank() * len(rewards), (dist.get_rank() + 1) * len(rewards))
-    if d.estimator == "gigpo":  # GRPO's episode term plus turns compared from the same state (gigpo.py)
-        import gigpo
+    """Step (3): algorithms.advantages with the group statistics of the whole step (every rank's rewards,
+    groups and, for GiGPO, states, gathered here) and the batch whitening over all ranks."""
+    world, rank, n = dist.get_world_size(), dist.get_rank(), len(batch["rewards"])
+    rewards, groups = ([torch.zeros_like(batch[k]) for _ in range(world)] for k in ("rewards", "groups"))
+    dist.all_gather(rewards, batch["rewards"])
+    dist.all_gather(groups, batch["groups"])
+    rewards, groups = torch.cat(rewards), torch.cat(groups)
+    states = None
+    if d.estimator == "gigpo":
         states = [None] * world
         dist.all_gather_object(states, batch["states"])
         states = sum(states, [])
-        batch["shared_turns"] = gigpo.shared_turns(all_groups, states)  # logged with the step's metrics
-        adv = gigpo.advantages(all_rewards, all_groups, states, mask, mine, cfg.gamma, cfg.step_weight, cfg.grpo_std)
-        return (adv.clamp(min=0) if cfg.positive_only else adv), adv.clone()
-    if d.estimator in ("grpo", "rloo"):  # per-episode scalars from the whole step, broadcast to tokens
-        scalar = A.group_baseline(d.estimator, all_rewards, all_groups, norm_by_std=cfg.grpo_std)
-        adv = (scalar.clamp(min=0) if cfg.positive_only else scalar)[mine, None].float() * mask
-        return adv, adv.clone()
-    name = d.estimator
-    if name == "reinforce++_baseline":  # group mean over the whole step, then plain REINFORCE++
-        rewards, name = A.group_baseline("center", all_rewards, all_groups)[mine].float(), "reinforce++"
-    adv, returns = A.advantages(name, rewards, mask, groups, values=values, token_kl=token_kl, gamma=cfg.gamma,
-                                lam=cfg.lam, kl_coef=cfg.kl_coef if token_kl is not None else 0.0, whiten=False)
-    adv = A.masked_whiten(adv, mask, reduce_sum=reduced(dist.ReduceOp.SUM), reduce_max=reduced(dist.ReduceOp.MAX))
-    return (adv.clamp(min=0) if cfg.positive_only else adv), returns
+        batch["shared_turns"] = gigpo.shared_turns(groups, states)  # logged with the step's metrics
+    return A.advantages(d.estimator, rewards, batch["mask"], groups, values=values, token_kl=token_kl,
+                        gamma=cfg.gamma, lam=cfg.lam, kl_coef=cfg.kl_coef if token_kl is not None else 0.0,
+                        norm_by_std=cfg.grpo_std, rows=slice(rank * n, (rank + 1) * n),
+                        reduce_sum=reduced(dist.ReduceOp.SUM), reduce_max=reduced(dist.ReduceOp.MAX),
+                        states=states, step_weight=cfg.step_weight, positive_only=cfg.positive_only)
 
 
 def reduced(op):

@@ -197,6 +197,8 @@ def test_masked_out_entries_cannot_change_any_estimator(name):
     kw = dict(gamma=0.95, lam=0.9)
     if name.startswith("reinforce") or name == "gae":
         kw["kl_coef"] = 0.05
+    if name == "gigpo":  # each episode's turns answered states of its own ("s<i>")
+        kw["states"] = [[f"s{i}"] for i in range(len(r))]
     base = A.advantages(name, r, mask, g, values=values, token_kl=token_kl, **kw)
     off = mask == 0
     for junk in (torch.randn_like(values) * 1e3, torch.full_like(values, NAN), torch.full_like(values, math.inf)):
@@ -265,7 +267,7 @@ def test_group_of_one_all_equal_and_empty_masks():
     same = A.advantages("grpo", t([1.0, 1.0, 1.0, 1.0]), mask, t([0, 0, 0, 0], torch.long))[0]
     assert torch.equal(same, torch.zeros(4, 2))
     for name in A.ESTIMATORS:  # an all-empty batch: zeros everywhere, never NaN
-        kw = {"values": torch.randn(4, 2)} if name == "gae" else {}
+        kw = {"values": torch.randn(4, 2)} if name == "gae" else {"states": [["s"]] * 4} if name == "gigpo" else {}
         for out in A.advantages(name, r, torch.zeros(4, 2), g, **kw):
             assert torch.equal(out, torch.zeros(4, 2))
         # a single policy token in the whole batch whitens to 0, not NaN

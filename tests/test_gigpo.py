@@ -1,5 +1,6 @@
-"""GiGPO's step-level groups (gigpo.py): exact values on a hand-made step, the token layout, and the
-cases that must add nothing (a state seen once, equal returns, a group whose episodes all failed)."""
+"""GiGPO's step-level groups (gigpo.py, algorithms.advantages("gigpo")): exact values on a hand-made
+step, the token layout, and the cases that must add nothing (a state seen once, equal returns, a group
+whose episodes all failed)."""
 import math
 
 import pytest
@@ -13,6 +14,12 @@ import gigpo
 STATES = [["s", "a"], ["s", "b", "c"], ["s", "a"], ["s"]]
 GROUPS = torch.tensor([0, 0, 0, 1])
 REWARDS = [1.0, 0.0, 0.5, 1.0]  # exact in bfloat16
+
+
+def gigpo_adv(rewards, groups, states, masks, rows=None, gamma=0.95, weight=1.0, eps=1e-6):
+    """The estimator's token advantages through the one entry point."""
+    return A.advantages("gigpo", rewards, masks, groups, states=states, rows=rows, gamma=gamma, step_weight=weight,
+                        eps=eps)[0]
 
 
 def mask_of(turn_lengths, width=16, prompt=2):
@@ -37,7 +44,7 @@ def test_step_advantages_by_hand(dtype):
     """gamma 0.5: returns per turn [0.5, 1], [0, 0, 0], [0.25, 0.5], [1]. Step group (0, s) holds
     0.5, 0 and 0.25 (mean 0.25, std 0.25); (0, a) holds 1 and 0.5 (mean 0.75, std 0.3536); (0, b),
     (0, c) and (1, s) hold one turn each: 0."""
-    steps = gigpo.step_advantages(torch.tensor(REWARDS, dtype=dtype), GROUPS, STATES, gamma=0.5, eps=0.0)
+    steps = A.step_advantages(torch.tensor(REWARDS, dtype=dtype), GROUPS, STATES, gamma=0.5, eps=0.0)
     want = [[1.0, 1 / math.sqrt(2)], [-1.0, 0.0, 0.0], [0.0, -1 / math.sqrt(2)], [0.0]]
     for got, w in zip(steps, want):
         assert got.dtype == torch.float64
@@ -46,7 +53,7 @@ def test_step_advantages_by_hand(dtype):
 
 def test_token_advantages_are_episode_plus_weighted_step_terms():
     masks = torch.cat([mask_of([2, 3]), mask_of([1, 2, 1]), mask_of([3, 1]), mask_of([2])])
-    adv = gigpo.advantages(torch.tensor(REWARDS), GROUPS, STATES, masks, gamma=0.5, weight=0.5, eps=0.0)
+    adv = gigpo_adv(torch.tensor(REWARDS), GROUPS, STATES, masks, gamma=0.5, weight=0.5, eps=0.0)
     episode = [1.0, -1.0, 0.0, 0.0]  # GRPO's: group 0 rewards 1, 0, 0.5 (mean 0.5, std 0.5); group 1 alone
     step = [[1.0, 1 / math.sqrt(2)], [-1.0, 0.0, 0.0], [0.0, -1 / math.sqrt(2)], [0.0]]
     turns = gigpo.turn_index(masks)
@@ -61,19 +68,19 @@ def test_weight_zero_is_grpo_and_rows_select_this_ranks_share():
     masks = torch.cat([mask_of([2, 3]), mask_of([1, 2, 1]), mask_of([3, 1]), mask_of([2])])
     rewards = torch.tensor(REWARDS)
     grpo = A.group_baseline("grpo", rewards, GROUPS)[:, None].float() * masks
-    assert torch.equal(gigpo.advantages(rewards, GROUPS, STATES, masks, weight=0.0), grpo)
-    full = gigpo.advantages(rewards, GROUPS, STATES, masks, gamma=0.9)
-    assert torch.equal(gigpo.advantages(rewards, GROUPS, STATES, masks[2:], rows=slice(2, 4), gamma=0.9), full[2:])
+    assert torch.equal(gigpo_adv(rewards, GROUPS, STATES, masks, weight=0.0), grpo)
+    full = gigpo_adv(rewards, GROUPS, STATES, masks, gamma=0.9)
+    assert torch.equal(gigpo_adv(rewards, GROUPS, STATES, masks[2:], rows=slice(2, 4), gamma=0.9), full[2:])
 
 
 def test_failed_group_equal_returns_and_unmatched_rows_add_nothing():
     masks = torch.cat([mask_of([2, 2])] * 3)
-    failed = gigpo.advantages(torch.zeros(3), torch.zeros(3, dtype=torch.long), [["s", "a"]] * 3, masks)
+    failed = gigpo_adv(torch.zeros(3), torch.zeros(3, dtype=torch.long), [["s", "a"]] * 3, masks)
     assert (failed == 0).all()  # all failed: no episode term and every return 0
-    same = gigpo.step_advantages(torch.ones(3), torch.zeros(3, dtype=torch.long), [["s", "a"]] * 3, gamma=0.95)
+    same = A.step_advantages(torch.ones(3), torch.zeros(3, dtype=torch.long), [["s", "a"]] * 3, gamma=0.95)
     assert all((s == 0).all() for s in same)  # same states, same returns: exactly 0, not eps-sized noise
     # row 1 has two runs of tokens but three states: it gets its episode term alone, on every token
-    adv = gigpo.advantages(torch.tensor([1.0, 0.0, 0.0]), torch.zeros(3, dtype=torch.long),
+    adv = gigpo_adv(torch.tensor([1.0, 0.0, 0.0]), torch.zeros(3, dtype=torch.long),
                            [["s", "a"], ["s", "b", "c"], ["s", "a"]], masks, gamma=0.5, eps=0.0)
     episode = float(A.group_baseline("grpo", torch.tensor([1.0, 0.0, 0.0]), torch.zeros(3, dtype=torch.long), eps=0.0)[1])
     assert torch.allclose(adv[1][masks[1] == 1], torch.tensor(episode))
@@ -93,6 +100,6 @@ def test_state_key_is_the_exact_text():
 
 def test_bad_input_is_refused_with_a_message():
     with pytest.raises(ValueError, match="as many group ids and state lists"):
-        gigpo.step_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), [["s"]])
+        A.step_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), [["s"]])
     with pytest.raises(ValueError, match="NaN"):
-        gigpo.step_advantages(torch.tensor([1.0, float("nan")]), torch.zeros(2, dtype=torch.long), [["s"], ["s"]])
+        A.step_advantages(torch.tensor([1.0, float("nan")]), torch.zeros(2, dtype=torch.long), [["s"], ["s"]])
