@@ -9,11 +9,12 @@ expression per kind of line, with what it is and why it is harmless. Only those 
 other line passes unchanged, an unknown warning included, so a new problem still shows. This is a
 filter on the console alone: no file a run writes is touched (none of these lines is written to one).
 
-How: the launcher points its stdout and stderr, which torchrun's workers inherit, at two pipes; a
-thread per pipe copies them to the terminal line by line (`LineFilter`), dropping what `QUIET` names.
-A line still open after HOLD seconds (a progress bar redrawn with \\r) is shown as it is, so the bar
-moves as before. At the end one line says how many lines were left out. AGENTGYM_CONSOLE=all turns the
-filter off. `python train.py` and plain torchrun show everything.
+How: the launcher points its stdout and stderr, which torchrun's workers inherit, at two pipes (two
+pseudo-terminals when they are a terminal); a thread for each copies it to where it pointed before,
+line by line (`LineFilter`), dropping what `QUIET` names. A line still open after HOLD seconds (a
+progress bar redrawn with \\r) is shown as it is, so the bar moves as before. At the end one line says
+how many lines were left out. AGENTGYM_CONSOLE=all turns the filter off. `python train.py` and plain
+torchrun show everything.
 
 Tests: python -m pytest tests/test_console.py
 """
@@ -89,12 +90,40 @@ def _write(fd: int, data: bytes) -> None:
             return
 
 
+def _channel(fd: int) -> tuple[int, int]:
+    """(read end, write end) to put in place of `fd`: a pipe, or, when `fd` is a terminal, a pseudo-terminal
+    of the same size, so that the workers still write to a terminal (Python buffers by line, tqdm fits
+    its bar to the width). Raw mode: the pseudo-terminal passes bytes as they are, the real one turns
+    \\n into \\r\\n as before. A pseudo-terminal that cannot be had falls back to a pipe."""
+    if not os.isatty(fd):
+        return os.pipe()
+    import fcntl
+    import termios
+    import tty
+
+    try:
+        read, write = os.openpty()
+    except OSError:
+        return os.pipe()
+    try:
+        tty.setraw(write)
+        fcntl.ioctl(write, termios.TIOCSWINSZ, fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8))
+    except (OSError, termios.error):
+        os.close(read)
+        os.close(write)
+        return os.pipe()
+    return read, write
+
+
 def _pump(src: int, dst: int, lines: LineFilter) -> None:
     while True:
         if lines.partial and not select.select([src], [], [], HOLD)[0]:
             _write(dst, lines.flush())  # a line left open (a progress bar): show it as it stands
             continue
-        data = os.read(src, 1 << 16)
+        try:
+            data = os.read(src, 1 << 16)
+        except OSError:  # a pseudo-terminal whose every writer has gone (EIO)
+            data = b""
         if not data:  # every writer has closed the pipe
             break
         _write(dst, lines.feed(data))
@@ -110,14 +139,11 @@ def quiet():
     if os.environ.get("AGENTGYM_CONSOLE") == "all":
         yield
         return
-    if os.isatty(1):  # the workers now write into a pipe: keep them as live and as wide as on the terminal
-        os.environ.setdefault("PYTHONUNBUFFERED", "1")
-        os.environ.setdefault("COLUMNS", str(os.get_terminal_size(1).columns))
     pumps = []
     for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
         stream.flush()
         terminal = os.dup(fd)
-        read, write = os.pipe()
+        read, write = _channel(fd)
         os.dup2(write, fd)  # inherited by every process started from here on
         os.close(write)
         lines = LineFilter()

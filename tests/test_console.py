@@ -1,7 +1,7 @@
 """The console: the config summary a run starts with is short and names what matters; the known
 harmless warnings of other packages are dropped (lines as a real run printed them), every other line
 passes, and under the launcher neither torchrun's banner nor a known warning reaches the console while
-an unknown warning does."""
+an unknown warning does; on a terminal, the workers still write to one of its size."""
 import os
 import subprocess
 import sys
@@ -112,3 +112,32 @@ def test_under_the_launcher_known_warnings_stay_off_the_console_and_unknown_ones
                            cwd=ROOT, env={**env, "AGENTGYM_CONSOLE": "all"}, capture_output=True, text=True,
                            timeout=120)
     assert "OMP_NUM_THREADS" in shown.stderr and shown.stderr.count("reduce_op") == 2
+
+
+def test_on_a_terminal_the_workers_still_write_to_one_of_its_size(tmp_path):
+    """A progress bar fits itself to the terminal: behind the filter, workers get a pseudo-terminal of the
+    launcher's terminal's size, not a pipe."""
+    import fcntl
+    import struct
+    import termios
+
+    worker = tmp_path / "worker.py"
+    worker.write_text("import os, sys\nprint('worker sees', sys.stderr.isatty(), os.get_terminal_size(2).columns)\n")
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k != "AGENTGYM_CONSOLE"}
+    proc = subprocess.Popen([sys.executable, "lifeline.py", "--standalone", "--nproc_per_node", "1", str(worker)],
+                            cwd=ROOT, env=env, stdout=slave, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            data = os.read(master, 1 << 16)
+        except OSError:  # every writer of the terminal has gone
+            break
+        if not data:
+            break
+        out += data
+    os.close(master)
+    assert proc.wait(timeout=120) == 0, out
+    assert b"worker sees True 100" in out, out
