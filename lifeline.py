@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+import console
+
 GB = 2**30
 BEAT = 1.0  # seconds between heartbeats and peer checks
 _STATE = {"rank": None, "dir": None, "said": False, "note": None}
@@ -215,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     where = Path(tempfile.mkdtemp(prefix="agentgym-lifeline-"))
     os.environ["AGENTGYM_LIFELINE"] = str(where)  # the workers inherit it
     try:
-        run(parse_args(argv))
+        with console.quiet():  # the known harmless warnings of other packages left out (console.py)
+            run(parse_args(argv))
     except ChildFailedError as exc:
         print(exc.format_msg(), file=sys.stderr)
         records = {r["rank"]: r for r in beats(where)}

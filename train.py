@@ -40,6 +40,7 @@ import torch.distributed as dist
 import algorithms as A
 import checkpoint
 import config as configs
+import console
 import envs
 import faults
 import gigpo
@@ -214,8 +215,7 @@ def main(argv=None):
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-        print0("config: " + json.dumps(dataclasses.asdict(cfg)))
-        print0(f"horizon: {d.schedule.describe()} | world {world} | device {d.device}")
+        print0("\n".join(console.summary(cfg, d, world)))  # a few lines; all of it is in config.json
     seed = cfg.seed * 1000 + rank
     torch.manual_seed(seed)
     random.seed(seed)
