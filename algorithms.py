@@ -76,11 +76,8 @@ def masked_mean(x: Tensor, mask: Tensor, dim=None) -> Tensor:
 
 
 def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
-    """Variance over all masked entries: sum m (x - mean)^2 / (n - 1) (or / n if not unbiased).
-
-    Departure: fewer than 2 masked entries (or none) give 0, where verl raises on n == 1; a single
-    token carries no spread, and whitening it then yields 0 (see `masked_whiten`).
-    """
+    """Variance over all masked entries: sum m (x - mean)^2 / (n - 1) (or / n if not unbiased). Departure:
+    fewer than 2 masked entries give 0, where verl raises on n == 1 (a single token carries no spread)."""
     n = masked_sum(torch.ones_like(x), mask)
     dev2 = masked_sum((x - masked_mean(x, mask)) ** 2, mask)
     denom = n - 1 if unbiased else n
@@ -154,17 +151,6 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str) -> Tensor:
         neg = (-d).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         return (torch.exp(neg) - neg - 1).clamp(-10.0, 10.0)
     raise ValueError(f"unknown KL kind {kind!r}; use one of 'k1', 'k2', 'k3'")
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """(B, T, V) logits -> (B, T) entropy H = logsumexp(z) - sum_v softmax(z)_v z_v.
-
-    One softmax is materialised; the weighted sum is a contraction (einsum), not a second (B, T, V)
-    product. Computed in the logits' dtype (pass float32 for accurate values). Logits must be finite:
-    mask vocabulary entries with a large negative number, not -inf (0 * -inf is NaN).
-    """
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - torch.einsum("...v,...v->...", probs, logits)
 
 
 # ---------------------------------------------------------------- advantage estimators
@@ -445,17 +431,11 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     values, old_values, returns = (x.to(_float(x.dtype)) for x in (values, old_values, returns))
     v, old, ret = _keep(values, m), _keep(old_values, m).detach(), _keep(returns, m).detach()
     err = (v - ret) ** 2
-    if clip is None:
-        err_clip = err
-    else:
-        err_clip = (old + (v - old).clamp(-clip, clip) - ret) ** 2
+    err_clip = err if clip is None else (old + (v - old).clamp(-clip, clip) - ret) ** 2
     loss = aggregate(0.5 * torch.maximum(err, err_clip), mask, "token-mean", normalizer)
     with torch.no_grad():
-        metrics = {
-            "clip_frac": masked_mean((err_clip > err).to(v.dtype), m),
-            "value_mean": masked_mean(v.detach(), m),
-            "return_mean": masked_mean(ret, m),
-        }
+        metrics = {"clip_frac": masked_mean((err_clip > err).to(v.dtype), m), "value_mean": masked_mean(v.detach(), m),
+                   "return_mean": masked_mean(ret, m)}
     return loss, metrics
 
 
