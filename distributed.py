@@ -11,6 +11,15 @@ from contextlib import closing
 import torch
 import torch.distributed as dist
 
+RANK = int(os.environ.get("RANK", 0))
+
+
+def print0(*args):
+    """print, on rank 0 only."""
+    if RANK == 0:
+        print(*args, flush=True)
+
+
 COLLECTIVE_TIMEOUT_MIN = 60  # a rank-0 checkpoint gather of a 7B model can outlast the 10-minute default
 
 

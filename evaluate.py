@@ -412,7 +412,7 @@ def main(argv=None):
 
     from distributed import setup_distributed
     from runlog import note_provenance
-    from train import print0
+    from distributed import print0
 
     d = derive(cfg)
     rank, world = setup_distributed(d.device)

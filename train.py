@@ -5,16 +5,21 @@
     python train.py --env babyai --algo rloo                               # one process, same code
 
 Each rank owns a generator (vLLM, or transformers when vLLM is absent), a pool of environments and a
-shard of the policy. One training step (AgentGym-RL, section 3; ScalingInter-RL, section 3.3):
+shard of the policy, set up once by run.py. `main` is that set-up and a loop over `train_step`, whose body
+is one step of AgentGym-RL (section 3; ScalingInter-RL, section 3.3), numbered as in the README:
 
-  1. rollout: this rank's share of `tasks_per_step x samples_per_task` episodes, turn budget from the
-     horizon schedule at this step;
-  2. logprobs of the current policy (the PPO "old" policy), the frozen reference, the critic;
-  3. advantages (algorithms.py) with group and batch statistics taken over all ranks;
-  4. `ppo_epochs` passes of mini-batch updates, each split into micro-batches by a token budget; every
-     loss is divided by the GLOBAL count of policy tokens, so the gradient does not depend on the split;
-  5. weight sync: full parameters streamed into every rank's generator;
-  6. log, checkpoint.
+  1. the step's tasks and its turn budget (schedule.py), then the rollout (rollout.py): this rank's share
+     of `tasks_per_step x samples_per_task` episodes;
+  2. logprobs of the current policy (the PPO "old" policy), the frozen reference, the critic (`score_batch`);
+  3. advantages (`algorithms.advantages`) with group and batch statistics over all ranks;
+  4. `ppo_epochs` passes of mini-batch updates (`update`), each split into micro-batches by a token
+     budget; every loss is divided by the GLOBAL count of policy tokens, so the gradient does not depend
+     on the split;
+  5. weight sync: full parameters streamed into every rank's generator (`distributed.sync`);
+  6. log, evaluate on the validation split, checkpoint (`log_step`, `save`).
+
+The study switches that read a step's groups (--curriculum, --min-groups) sit in `group_bookkeeping`,
+off by default.
 
 Paper mode: `--tasks-file` trains on an AgentGym-RL-Data-ID task list and `--prompt-style agentgym`
 frames episodes as AgentGym's clients did (README, "Comparing with the paper").
@@ -25,42 +30,22 @@ step, so a resumed run gets the same stage (the original's counter was off by on
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-import random
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import algorithms as A
 import checkpoint
-import config as configs
-import console
-import envs
 import faults
 import gigpo
-import lifeline
-import memplan
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
-from distributed import all_max, all_sum, load, setup_distributed, sync
-from engine import make_engine
-from rollout import ChatFormat, abandoned, rollout
-from stepplan import Accumulation, Curriculum, informative_groups, rank_share, tasks_for_step
-from runlog import RunLog, log_episodes, log_outcomes, memory_metrics, trim_heap
-from models import resolve_model
-
-RANK = int(os.environ.get("RANK", 0))
-
-
-def print0(*args):
-    if RANK == 0:
-        print(*args, flush=True)
-
+from distributed import all_max, all_sum, print0, sync
+from rollout import rollout
+from run import Run, finish, setup
+from runlog import log_episodes, log_outcomes, memory_metrics, trim_heap
+from stepplan import informative_groups, rank_share, tasks_for_step
 
 GAP_ALARM = 0.5  # mean |trainer - sampler| logprob per token above which a weight sync is suspect
 
@@ -193,275 +178,191 @@ def reduced(op):
 
 # ------------------------------------------------------------------ main
 
+# ------------------------------------------------------------------ the loop: set up once (run.py), then steps
+
 def main(argv=None):
-    cfg = configs.parse(argv)
-    world_guess = int(os.environ.get("WORLD_SIZE", 1))
-    problem = configs.check(cfg, world_guess) or configs.writable(configs.derive(cfg).out)
-    if not problem:  # a rank's planned peak against what it can have (memplan.py): adapt, or stop here
-        d = configs.derive(cfg)
-        cfg, memory, problem = memplan.check_run(cfg, world_guess, d.device, d.dtype)
-    if problem:  # before any model, engine or simulator starts
-        print(f"error: {problem}", file=sys.stderr)
-        raise SystemExit(2)
-    rank, world = setup_distributed(d.device)
-    box = [cfg]  # ranks read their memory at slightly different moments: rank 0's plan decides for all
-    dist.broadcast_object_list(box, src=0)
-    cfg = box[0]
-    lifeline.start(rank, **memory)  # rank 0 says the plan; heartbeats name the cause if a rank dies
-    out = Path(d.out)
-    ckpt_root = out / "checkpoints"
-    # the newest checkpoint whose files match their recorded sizes and checksums (a broken one is skipped)
-    resume_from = checkpoint.resumable(ckpt_root, rank, world) if cfg.resume else None
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-        print0("\n".join(console.summary(cfg, d, world)))  # a few lines; all of it is in config.json
-    seed = cfg.seed * 1000 + rank
-    torch.manual_seed(seed)
-    random.seed(seed)
+    run = setup(argv)
+    first = start_evaluation(run)
+    for step in range(run.start, run.cfg.steps):
+        if train_step(run, step, first if step == run.start else {}):
+            break  # --rl-seconds ran out (the step saved)
+    if run.log:
+        print0(f"done: {run.out / 'metrics.jsonl'}, {run.out / 'reward.png'}")
+    finish(run.env_pool, run.threads, run.engine, run.log)
 
-    from torch.distributed.device_mesh import init_device_mesh
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # one progress bar per run: ours
+def train_step(run: Run, step: int, first: dict) -> bool:
+    """One step of AgentGym-RL's loop (section 3; ScalingInter-RL, section 3.3), numbered as in the README.
+    Returns True when --rl-seconds has run out (the step then saved like a last step)."""
+    cfg, d, t0, timing = run.cfg, run.d, time.perf_counter(), {}
+    # (1) the step's tasks and turn budget, then the rollout: this rank's contiguous share of the episodes
+    horizon = d.schedule.max_turns(step)
+    tasks = (run.curriculum.tasks(step, cfg.tasks_per_step) if run.curriculum
+             else tasks_for_step(run.train_ids, step, cfg.tasks_per_step, cfg.seed))
+    mine = rank_share(tasks, cfg.samples_per_task, run.rank, run.world)  # every rank a part of every group
+    run.engine.wake()
+    episodes, rt = rollout(run.engine, run.chat, run.env_pool, run.make_env, mine, horizon, cfg.max_tokens,
+                           cfg.max_context, cfg.temperature, cfg.top_p, seed=(cfg.seed * 7919 + step) * 131,
+                           first=run.rank * run.per_rank, pool=run.threads, framing=d.framing,
+                           env_timeout=cfg.env_timeout or None)
+    run.engine.sleep()
+    timing.update({f"time/{k}": v for k, v in rt.items()})
+    batch = collate(episodes, run.tokenizer.pad_token_id or 0, cfg.refusal_penalty)
 
-    base = resolve_model(cfg.model) if rank == 0 else None  # rank 0 builds the tiny model if needed
-    dist.barrier()
-    base = resolve_model(cfg.model)
-    warm_dir = out / "warmstart"
-    warm_done = cfg.resume and (warm_dir / "config.json").exists()  # a resumed run keeps its warm start
-    policy_path = str(resume_from / "policy") if resume_from else str(warm_dir) if warm_done else base
-    tokenizer = AutoTokenizer.from_pretrained(policy_path)
-    chat = ChatFormat(tokenizer, policy_path)
-    mesh = init_device_mesh(d.device, (world,))
-    # Rank 0 alone reads each model (one full fp32 copy in host memory per job); every rank keeps its shards
-    policy = load(AutoModelForCausalLM, policy_path, mesh, d.dtype, cfg.checkpointing, train_layers=cfg.train_layers)
-    trained = [p for p in policy.parameters() if p.requires_grad]
-    optimizers = {"policy": torch.optim.AdamW(trained, lr=cfg.lr, weight_decay=cfg.weight_decay)}
-    models = {"policy": policy}
-    ref = None
-    if cfg.kl_coef > 0:  # the KL anchor is the model RL starts from: the warm start when there is one
-        ref = load(AutoModelForCausalLM, str(warm_dir) if warm_done else base, mesh, d.dtype, False, trainable=False)
-    if cfg.algo == "ppo":
-        critic = models["critic"] = load(AutoModelForTokenClassification, str(resume_from / "critic") if resume_from
-                                         else base, mesh, d.dtype, cfg.checkpointing, num_labels=1)
-        for module in critic.modules():  # the value head's dropout (0.1 by default) would make values noisy
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-        optimizers["critic"] = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
-    start = checkpoint.load_training_state(resume_from, models, optimizers, rank, world) if resume_from else 0
-    if resume_from:
-        print0(f"resuming from {resume_from} (step {start})")
-    done_updates = start * cfg.ppo_epochs * cfg.mini_batches  # warmup position is a function of the step too
-    warm = lambda u: min(1.0, (done_updates + u + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0  # noqa: E731
-    schedulers = {k: torch.optim.lr_scheduler.LambdaLR(o, warm) for k, o in optimizers.items()}
+    # (2) logprobs before the update: the "old" policy, the reference, the critic's values
+    t = time.perf_counter()
+    old, ref_lp, values = score_batch(run, batch)
+    timing["time/logprobs"] = time.perf_counter() - t
 
-    per_rank = cfg.tasks_per_step * cfg.samples_per_task // world
-    engine = make_engine(policy_path, cfg.engine, d.device, d.dtype, cfg.max_context, seed,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, max_seqs=per_rank)
-    env_pool = [envs.make(cfg.env, **d.env_options) for _ in range(per_rank)]
-    train_ids, val_ids = env_pool[0].tasks("train"), env_pool[0].tasks("val")[:cfg.eval_tasks] if cfg.eval_every else []
-    if cfg.tasks_file:  # AgentGym-RL's task list instead of the train split (checked in config.check)
-        from envs.agentgym import task_ids
-        train_ids = task_ids(cfg.tasks_file, cfg.env, d.env_options)
-        print0(f"training on the {len(train_ids)} tasks of {cfg.tasks_file}")
-    if resume_from:  # after the engine's start-up, which re-seeds torch's global generator
-        checkpoint.restore_rng(resume_from, rank, world)
-    curriculum = Curriculum(train_ids, getattr(env_pool[0], "level", env_pool[0].subtask), cfg.seed,
-                            out / "curriculum.jsonl", start) if cfg.curriculum else None  # stepplan.py
-    accumulation = Accumulation(cfg.min_groups)  # a checkpoint always steps: a resume starts with none pending
-    threads = ThreadPoolExecutor(max_workers=max(1, min(cfg.env_workers, per_rank)))
-    make_env = lambda: envs.make(cfg.env, **d.env_options)  # noqa: E731
-    log = None
-    if rank == 0:
-        log = RunLog(out, cfg.steps, start, d.schedule)
-    kl_in_reward = cfg.algo.startswith("reinforce++") and ref is not None
-    dtype = getattr(torch, d.dtype)
-    if cfg.bc_episodes and not resume_from and not warm_done:
-        import warmstart
-        engine.sleep()  # the GPU memory it holds is the warm start's; sync() reloads the weights
-        warmstart.run(cfg, max(d.schedule.budgets), policy, ref, env_pool, threads, chat, tokenizer, train_ids,
-                      warm_dir, all_sum, all_max, print0, d.framing)
-        sync(engine, policy, dtype)
-    anchor = None
-    if cfg.bc_anchor:  # imitation beside RL (warmstart.Anchor)
-        import warmstart
-        anchor = warmstart.Anchor(cfg, max(d.schedule.budgets), env_pool, threads, chat, tokenizer, train_ids,
-                                  all_sum, all_max, print0, d.framing)
+    # (3) advantages, with group statistics over the whole step (algorithms.advantages)
+    token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * batch["mask"] if run.kl_in_reward else None
+    adv, returns = global_advantages(cfg, d, batch, values, token_kl)
+    # --rl-seconds: the slowest rank's clock decides, so every rank ends (and saves) at the same step
+    out_of_time = bool(cfg.rl_seconds) and all_max(run.spent + time.perf_counter() - t0) >= cfg.rl_seconds
+    last = step + 1 == cfg.steps or out_of_time
+    saves = last or bool(cfg.save_every and (step + 1) % cfg.save_every == 0)
+    extra, stepped = group_bookkeeping(run, step, tasks, mine, batch, saves)  # --curriculum, --min-groups
+    log_episodes(run.out, step, cfg, episodes, batch, adv, run.tokenizer, run.env_pool)  # a few, at eval steps
 
-    evaluate_now = cfg.eval_every and cfg.eval_tasks
-    eval_turns = cfg.eval_turns or max(d.schedule.budgets)  # one footing for runs of different schedules
-    first = {}
-    if evaluate_now and start == 0:  # validation success of the model RL starts from (the warm start, if any)
-        first = quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, eval_turns, threads, d.framing,
-                           out, start, "eval_start")
-        print0(f"held-out validation success before RL: {first['eval_start/success']:.3f} ({len(val_ids)} tasks)")
-    spent = 0.0  # seconds of training steps in this process (--rl-seconds)
-    for step in range(start, cfg.steps):
-        t0 = time.perf_counter()
-        timing = {}
-        # (1) rollout: this rank's contiguous share of the step's episodes; group id = task slot in the step
-        horizon = d.schedule.max_turns(step)
-        tasks = (curriculum.tasks(step, cfg.tasks_per_step) if curriculum
-                 else tasks_for_step(train_ids, step, cfg.tasks_per_step, cfg.seed))
-        mine = rank_share(tasks, cfg.samples_per_task, rank, world)  # every rank a part of every group
-        engine.wake()
-        episodes, rt = rollout(engine, chat, env_pool, make_env, mine, horizon, cfg.max_tokens, cfg.max_context,
-                               cfg.temperature, cfg.top_p, seed=(cfg.seed * 7919 + step) * 131, first=rank * per_rank,
-                               pool=threads, framing=d.framing, env_timeout=cfg.env_timeout or None)
-        engine.sleep()
-        timing.update({f"time/{k}": v for k, v in rt.items()})
-        batch = collate(episodes, tokenizer.pad_token_id or 0, cfg.refusal_penalty)
-        mask = batch["mask"]
+    # (4) the update: epochs x mini-batches x micro-batches, every loss over the global token count
+    t = time.perf_counter()
+    stats = update(cfg, run.models, run.optimizers, run.schedulers, batch, old, ref_lp, values, adv, returns,
+                   run.kl_in_reward, seed=cfg.seed * 31 + step, apply=stepped, anchor=run.anchor)
+    timing["time/update"] = time.perf_counter() - t
 
-        # (2) logprobs of the policy before the update ("old"), the reference, the critic
+    # (5) weight sync into this rank's generator
+    t = time.perf_counter()
+    run.engine.wake()  # even for weights held back (--min-groups): a GPU engine's sleep discarded its copy
+    sync(run.engine, run.models["policy"], getattr(torch, d.dtype))
+    timing["time/sync"] = time.perf_counter() - t
+
+    # (6) log, evaluate on the validation split, checkpoint
+    timing["time/step"] = time.perf_counter() - t0
+    run.spent += timing["time/step"]
+    metrics = {**_rollout_metrics(episodes, horizon), **first, **extra,
+               **({"shared_turns": batch["shared_turns"]} if "shared_turns" in batch else {})}
+    log_step(run, step, metrics, stats, timing, evaluate=bool(
+        cfg.eval_every and cfg.eval_tasks and ((step + 1) % cfg.eval_every == 0 or last)))
+    if saves:
+        save(run, step)
+    if out_of_time:
+        print0(f"\n--rl-seconds {cfg.rl_seconds:g}: {run.spent:.0f}s of training steps; stopping after step {step + 1}")
+    return out_of_time
+
+
+def score_batch(run: Run, batch: dict):
+    """Step (2): (old, ref, values), each (B, T) or None. "old" logprobs anchor the PPO ratio; exactly
+    on-policy (one epoch, one mini-batch) they equal the update's own first forward, so that pass is
+    skipped unless REINFORCE++ needs them for its in-reward KL. The reference pass runs only with a KL
+    term, the critic pass only for PPO."""
+    cfg = run.cfg
+    micro = micro_batches(list(range(len(batch["rewards"]))), batch["attn"].sum(1), cfg.micro_tokens)
+    micro = pad(micro, all_max(len(micro)))
+    on_policy = cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and not run.kl_in_reward
+    old = None if on_policy else score(run.models["policy"], batch, micro, cfg.temperature)
+    ref_lp = None
+    if run.ref is not None:
+        ref_lp = score(run.ref, batch, micro, cfg.temperature)
+        # FSDP2 leaves a root's parameters (embeddings, head) gathered after forward, for the backward
+        # that follows; the frozen reference never runs one, so it would keep them whole until its
+        # next step (2.2 GB per GPU for Qwen2.5-7B instead of 0.3): reshard explicitly. (Resharding
+        # inside forward instead would hand batch.forward's sliced head a sharded weight.)
+        run.ref.reshard()
+    values = score(run.models["critic"], batch, micro, 1.0, value=True) if "critic" in run.models else None
+    return old, ref_lp, values
+
+
+def group_bookkeeping(run: Run, step: int, tasks, mine, batch: dict, saves: bool) -> tuple[dict, bool]:
+    """The study switches that read a step's groups (stepplan.py): --curriculum weighs levels by how often
+    their groups were informative; --min-groups holds the optimizer step back until enough were. Returns
+    (metrics, whether the optimizer steps). Off by default: ({}, True)."""
+    cfg, extra = run.cfg, {}
+    if not (run.curriculum or cfg.min_groups):
+        return extra, True
+    rows = [None] * run.world  # every rank counts the same gathered (group, reward) rows
+    dist.all_gather_object(rows, [(g, r) for (_, g), r in zip(mine, batch["rewards"].tolist())])
+    rows = sum(rows, [])
+    if run.curriculum:
+        extra["curriculum/informative"] = run.curriculum.observe(step, tasks, rows, run.rank == 0)
+    stepped = True
+    if cfg.min_groups:
+        stepped = run.accumulation.due(sum(informative_groups(rows, len(tasks))), must=saves)
+        extra.update(pending_groups=run.accumulation.pending, stepped=float(stepped))
+    return extra, stepped
+
+
+def log_step(run: Run, step: int, metrics: dict, stats: dict, timing: dict, evaluate: bool) -> None:
+    """Step (6): the step's metrics over all ranks (a collective), the validation evaluation when due,
+    rank 0's line in metrics.jsonl."""
+    cfg, world = run.cfg, run.world
+    # every loss term is a rank's share of a global mean: summed over ranks, averaged over updates
+    keys = ("loss", "kl", "entropy", "clip_frac", "value_loss") + (("bc_nll",) if run.anchor else ())
+    metrics.update({k: v / stats["updates"] for k, v in zip(keys, all_sum(*(stats[k] for k in keys)))})
+    metrics["grad_norm"] = stats["grad_norm"] / stats["updates"]
+    metrics["idle_updates"] = stats["idle_steps"]  # optimizer steps left out: a zero gradient (update())
+    metrics["skipped"] = all_sum(stats["skipped_rows"])[0] / (run.per_rank * world * cfg.ppo_epochs)
+    gap, gap_n = all_sum(stats["sampler_gap"], stats["gap_tokens"])
+    metrics["sampler_gap"] = gap / max(gap_n, 1)  # mean |trainer - sampler| logprob per trained token
+    if gap_n and metrics["sampler_gap"] > GAP_ALARM and cfg.temperature == 1.0:
+        # the cheap probe of every weight sync: an engine that silently kept stale or partly loaded
+        # weights samples from another model than the one trained (bf16 noise is about 0.05-0.1)
+        print0(f"\nwarning: step {step}: trainer and sampler logprobs differ by {metrics['sampler_gap']:.2f} "
+               "per token; the engine's weights may not match the policy (check the weight sync)")
+    metrics["lr"] = run.schedulers["policy"].get_last_lr()[0]
+    if cfg.trim_heap:  # see runlog.memory_metrics
+        timing["time/trim"] = trim_heap()
+    metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
+    metrics.update(memory_metrics())
+    if evaluate:
         t = time.perf_counter()
-        micro = micro_batches(list(range(len(episodes))), batch["attn"].sum(1), cfg.micro_tokens)
-        micro = pad(micro, all_max(len(micro)))
-        # "old" logprobs anchor the PPO ratio; exactly on-policy (one epoch, one mini-batch) they equal
-        # the update's own first forward, so that pass is skipped unless REINFORCE++ needs them for its
-        # in-reward KL. The reference pass runs only with a KL term, the critic pass only for PPO.
-        on_policy = cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and not kl_in_reward
-        old = None if on_policy else score(policy, batch, micro, cfg.temperature)
-        ref_lp = None
-        if ref is not None:
-            ref_lp = score(ref, batch, micro, cfg.temperature)
-            # FSDP2 leaves a root's parameters (embeddings, head) gathered after forward, for the backward
-            # that follows; the frozen reference never runs one, so it would keep them whole until its
-            # next step (2.2 GB per GPU for Qwen2.5-7B instead of 0.3): reshard explicitly. (Resharding
-            # inside forward instead would hand batch.forward's sliced head a sharded weight.)
-            ref.reshard()
-        values = score(models["critic"], batch, micro, 1.0, value=True) if "critic" in models else None
-        timing["time/logprobs"] = time.perf_counter() - t
-
-        # (3) advantages
-        token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * mask if kl_in_reward else None
-        adv, returns = global_advantages(cfg, d, batch, values, token_kl)
-        if curriculum or cfg.min_groups:  # every rank counts the same gathered (group, reward) rows
-            rows = [None] * world
-            dist.all_gather_object(rows, [(g, r) for (_, g), r in zip(mine, batch["rewards"].tolist())])
-            rows = sum(rows, [])
-        informative = {}
-        if curriculum:
-            informative["curriculum/informative"] = curriculum.observe(step, tasks, rows, rank == 0)
-        # --rl-seconds: the slowest rank's clock decides, so every rank ends (and saves) at the same step
-        out_of_time = bool(cfg.rl_seconds) and all_max(spent + time.perf_counter() - t0) >= cfg.rl_seconds
-        last = step + 1 == cfg.steps or out_of_time
-        saves = last or bool(cfg.save_every and (step + 1) % cfg.save_every == 0)
-        stepped = True  # every step updates the weights unless --min-groups holds its gradients back
-        if cfg.min_groups:
-            stepped = accumulation.due(sum(informative_groups(rows, len(tasks))), must=saves)
-            informative["pending_groups"] = accumulation.pending
-        log_episodes(out, step, cfg, episodes, batch, adv, tokenizer, env_pool)  # a few, at eval steps (runlog.py)
-
-        # (4) updates: epochs x mini-batches x micro-batches, losses over the global token count
-        t = time.perf_counter()
-        stats = update(cfg, models, optimizers, schedulers, batch, old, ref_lp, values, adv, returns, kl_in_reward,
-                       seed=cfg.seed * 31 + step, apply=stepped, anchor=anchor)
-        timing["time/update"] = time.perf_counter() - t
-
-        # (5) weight sync into this rank's generator
-        t = time.perf_counter()
-        engine.wake()  # even for weights held back (--min-groups): a GPU engine's sleep discarded its copy
-        sync(engine, policy, dtype)
-        timing["time/sync"] = time.perf_counter() - t
-
-        # (6) log and checkpoint
-        metrics = {**_rollout_metrics(episodes, horizon), **(first if step == start else {}), **informative,
-                   **({"stepped": float(stepped)} if cfg.min_groups else {}),
-                   **({"shared_turns": batch["shared_turns"]} if "shared_turns" in batch else {})}
-        # every loss term is a rank's share of a global mean: summed over ranks, averaged over updates
-        keys = ("loss", "kl", "entropy", "clip_frac", "value_loss") + (("bc_nll",) if anchor else ())
-        metrics.update({k: v / stats["updates"] for k, v in zip(keys, all_sum(*(stats[k] for k in keys)))})
-        metrics["grad_norm"] = stats["grad_norm"] / stats["updates"]
-        metrics["idle_updates"] = stats["idle_steps"]  # optimizer steps left out: a zero gradient (update())
-        metrics["skipped"] = all_sum(stats["skipped_rows"])[0] / (per_rank * world * cfg.ppo_epochs)
-        gap, gap_n = all_sum(stats["sampler_gap"], stats["gap_tokens"])
-        metrics["sampler_gap"] = gap / max(gap_n, 1)  # mean |trainer - sampler| logprob per trained token
-        if gap_n and metrics["sampler_gap"] > GAP_ALARM and cfg.temperature == 1.0:
-            # the cheap probe of every weight sync: an engine that silently kept stale or partly loaded
-            # weights samples from another model than the one trained (bf16 noise is about 0.05-0.1)
-            print0(f"\nwarning: step {step}: trainer and sampler logprobs differ by {metrics['sampler_gap']:.2f} "
-                   "per token; the engine's weights may not match the policy (check the weight sync)")
-        metrics["lr"] = schedulers["policy"].get_last_lr()[0]
-        timing["time/step"] = time.perf_counter() - t0
-        spent += timing["time/step"]
-        if cfg.trim_heap:  # see runlog.memory_metrics
-            timing["time/trim"] = trim_heap()
-        metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
-        metrics.update(memory_metrics())
-        if evaluate_now and ((step + 1) % cfg.eval_every == 0 or last):
-            t = time.perf_counter()
-            metrics.update(quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, eval_turns, threads,
-                                      d.framing, out, step))
-            metrics["time/eval"] = time.perf_counter() - t
-        if log:
-            log.log(step, metrics)
-        if saves:
-            t = time.perf_counter()
-            try:
-                checkpoint.save(ckpt_root, step + 1, models, optimizers, tokenizer, rank, world, cfg.keep, d.sharded,
-                                dtype)
-            except checkpoint.CheckpointError as exc:  # raised on every rank alike: all stop, none waits
-                if rank == 0:
-                    print(f"\nerror: {exc}; {checkpoint.latest(ckpt_root) or 'no earlier checkpoint'} is intact. "
-                          "Free space or fix --out, then rerun with --resume", file=sys.stderr, flush=True)
-                finish(env_pool, threads, engine, None, code=1)  # no plots: the disk may refuse them too
-            print0(f"\nsaved checkpoint step {step + 1} in {time.perf_counter() - t:.1f}s -> {ckpt_root / 'latest'}")
-        if out_of_time:
-            print0(f"\n--rl-seconds {cfg.rl_seconds:g}: {spent:.0f}s of training steps; stopping after step {step + 1}")
-            break
-
-    if log:
-        print0(f"done: {out / 'metrics.jsonl'}, {out / 'reward.png'}")
-    finish(env_pool, threads, engine, log)
+        metrics.update(quick_eval(run, step))
+        metrics["time/eval"] = time.perf_counter() - t
+    if run.log:
+        run.log.log(step, metrics)
 
 
-def finish(env_pool, threads, engine, log, code: int = 0) -> None:
-    """Close everything on every rank and end the process with `code` (a collective)."""
-    lifeline.stop()
-    if not code:
-        print0(lifeline.peak_report())
-    if log:
-        log.close()
-    for env in env_pool:
-        env.close()
-    threads.shutdown(wait=not abandoned(), cancel_futures=True)
+def save(run: Run, step: int) -> None:
+    """A checkpoint after `step` (checkpoint.py); a failed save stops every rank with the fix."""
+    t, root = time.perf_counter(), run.out / "checkpoints"
     try:
-        dist.barrier()
-    except RuntimeError:  # stopping on an error, a peer may be gone already: exit all the same
-        if not code:
-            raise
-    if hasattr(engine, "close"):
-        engine.close()
-    if dist.is_initialized():  # vLLM's shutdown may already have destroyed the default group
-        dist.destroy_process_group()
-    if abandoned():  # an env call that never returned holds a thread the interpreter would wait for at exit
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    if code:
-        raise SystemExit(code)
+        checkpoint.save(root, step + 1, run.models, run.optimizers, run.tokenizer, run.rank, run.world, run.cfg.keep,
+                        run.d.sharded, getattr(torch, run.d.dtype))
+    except checkpoint.CheckpointError as exc:  # raised on every rank alike: all stop, none waits
+        if run.rank == 0:
+            print(f"\nerror: {exc}; {checkpoint.latest(root) or 'no earlier checkpoint'} is intact. "
+                  "Free space or fix --out, then rerun with --resume", file=sys.stderr, flush=True)
+        finish(run.env_pool, run.threads, run.engine, None, code=1)  # no plots: the disk may refuse them too
+    print0(f"\nsaved checkpoint step {step + 1} in {time.perf_counter() - t:.1f}s -> {root / 'latest'}")
 
 
-def quick_eval(cfg, engine, chat, env_pool, make_env, val_ids, turns: int, pool, framing, out, step,
-               name: str = "eval") -> dict:
-    """One episode per task of this rank's share of `val_ids` (validation split) at `turns`, sampled at
-    the training temperature with a fixed seed (as evaluate.py samples; greedy decoding of a freshly
-    warm-started model repeats its most common action), played in batches of the env pool; mean reward
-    and success over all ranks as `name`/reward and `name`/success; per-task outcomes to out/evals.jsonl.
-    evaluate.py is the full evaluation (k samples, Pass@k, subtasks)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    engine.wake()  # after sync() the KV cache is still asleep (GPU), and generate refuses to run
+def start_evaluation(run: Run) -> dict:
+    """Validation success of the model RL starts from (the warm start, if any), logged with the first step."""
+    cfg = run.cfg
+    if not (cfg.eval_every and cfg.eval_tasks and run.start == 0):
+        return {}
+    first = quick_eval(run, run.start, "eval_start")
+    print0(f"held-out validation success before RL: {first['eval_start/success']:.3f} ({len(run.val_ids)} tasks)")
+    return first
+
+
+def quick_eval(run: Run, step: int, name: str = "eval") -> dict:
+    """One episode per task of this rank's share of the validation tasks at --eval-turns (default the
+    schedule's largest budget: one footing for runs of different schedules), sampled at the training
+    temperature with a fixed seed (as evaluate.py samples; greedy decoding of a freshly warm-started model
+    repeats its most common action), played in batches of the env pool; mean reward and success over all
+    ranks as `name`/reward and `name`/success; per-task outcomes to out/evals.jsonl. evaluate.py is the
+    full evaluation (k samples, Pass@k, subtasks)."""
+    cfg, rank, world, val_ids = run.cfg, run.rank, run.world, run.val_ids
+    turns = cfg.eval_turns or max(run.d.schedule.budgets)
+    run.engine.wake()  # after sync() the KV cache is still asleep (GPU), and generate refuses to run
     lo, hi = rank * len(val_ids) // world, (rank + 1) * len(val_ids) // world  # contiguous: seeds follow the index
     mine, eps = val_ids[lo:hi], []
-    for i in range(0, len(mine), len(env_pool)):
-        part = [(t, j) for j, t in enumerate(mine[i:i + len(env_pool)])]
-        eps += rollout(engine, chat, env_pool, make_env, part, turns, cfg.max_tokens, cfg.max_context,
+    for i in range(0, len(mine), len(run.env_pool)):
+        part = [(t, j) for j, t in enumerate(mine[i:i + len(run.env_pool)])]
+        eps += rollout(run.engine, run.chat, run.env_pool, run.make_env, part, turns, cfg.max_tokens, cfg.max_context,
                        temperature=cfg.temperature, top_p=cfg.top_p, seed=(cfg.seed * 7919 - 1) * 131,  # "step -1"
-                       first=lo + i, pool=pool, framing=framing, env_timeout=cfg.env_timeout or None)[0]
-    log_outcomes(out / "evals.jsonl", step, name, eps, env_pool[0].subtask, turns)  # the curve, traceable per task
+                       first=lo + i, pool=run.threads, framing=run.d.framing, env_timeout=cfg.env_timeout or None)[0]
+    log_outcomes(run.out / "evals.jsonl", step, name, eps, run.env_pool[0].subtask, turns)  # the curve, per task
     reward, success, n = all_sum(sum(e.reward for e in eps), sum(e.success for e in eps), len(mine))
     return {f"{name}/reward": reward / max(n, 1), f"{name}/success": success / max(n, 1)}
 

@@ -61,8 +61,8 @@ class Phases:
         if self.path.exists():  # part B after part A in the same folder: keep A's rows
             self.rows = json.loads(self.path.read_text())["phases"]
 
-    def run(self, name: str, cmd: list[str], env: dict | None = None, timeout: int | None = None) -> dict:
-        log = self.out / f"{name}.log"
+    def run(self, name: str, cmd: list, env: dict | None = None, timeout: int | None = None) -> dict:
+        cmd, log = [str(c) for c in cmd], self.out / f"{name}.log"
         t = time.perf_counter()
         with open(log, "w") as f:
             f.write("$ " + " ".join(cmd) + "\n")

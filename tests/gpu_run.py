@@ -7,8 +7,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if os.environ.get("GPU_STANDIN_WITHOUT_VLLM"):
     sys.modules["vllm"] = None  # `import vllm` now fails as if it were not installed
+import run  # noqa: E402
 import train  # noqa: E402
 from tests.gpu_standin import standin_engine  # noqa: E402
 
-train.make_engine = standin_engine  # the one substitution: what vLLM would be on a GPU
+run.make_engine = standin_engine  # the one substitution: what vLLM would be on a GPU (run.setup starts it)
 train.main(sys.argv[1:])
