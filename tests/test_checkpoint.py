@@ -26,7 +26,7 @@ def _train_save_reload(root, sharded, rank):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import distributed
-    from tiny import tiny_model_dir
+    from models.tiny import tiny_model_dir
 
     mesh = init_device_mesh("cpu", (WORLD,))
     tok = AutoTokenizer.from_pretrained(tiny_model_dir())

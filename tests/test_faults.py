@@ -21,7 +21,7 @@ import pytest
 
 import checkpoint
 import engine as engines
-import tiny
+from models import tiny
 from rollout import ChatFormat, rollout
 from tests import faulty
 

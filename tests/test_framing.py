@@ -18,7 +18,7 @@ import config as configs
 import engine as engines
 import evaluate as E
 import framing
-import tiny
+from models import tiny
 from batch import collate
 from envs.textcraft import TextCraft
 from framing import ACKNOWLEDGEMENT, Framing

@@ -15,7 +15,7 @@ import config as configs
 import prefix
 import train
 from rollout import Episode
-from tiny import tiny_model_dir
+from models.tiny import tiny_model_dir
 
 
 def episodes(vocab: int, seed: int = 0, groups: int = 3, size: int = 4) -> list[Episode]:

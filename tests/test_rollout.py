@@ -5,7 +5,7 @@ import torch
 from transformers import AutoTokenizer
 
 import engine as engines
-import tiny
+from models import tiny
 from rollout import ChatFormat, rollout
 from tests.toy import Digits, Exploding
 

@@ -24,7 +24,7 @@ import report as R
 import runlog
 import runreport
 import schedule
-import tiny
+from models import tiny
 from rollout import ChatFormat, Episode
 from tests.test_report import evals, run_dir  # noqa: F401 - the shared train.py run and evaluations
 
