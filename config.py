@@ -22,10 +22,10 @@ import shutil
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import framing as framings
+from infra import framing as framings
 import schedule as schedules
 from algorithms import AGGREGATIONS
-from framing import Framing
+from infra.framing import Framing
 
 ALGOS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "ppo", "gigpo")
 
@@ -430,7 +430,7 @@ def check(cfg: Config, world: int) -> str | None:
         return (f"--model {cfg.model} needs the settings of a pretrained model: --preset smollm2 (a small model "
                 "on a CPU) or --preset paper (a 7B model on GPUs); the cpu preset is the tiny model's")
     if cfg.train_layers:
-        from memplan import model_config
+        from infra.memplan import model_config
         layers = model_config(cfg.model).get("num_hidden_layers", cfg.train_layers)
         if cfg.train_layers > layers:
             return f"--train-layers {cfg.train_layers} but {cfg.model} has {layers} decoder blocks; give 1..{layers}, or 0 (all)"

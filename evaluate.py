@@ -44,10 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import envs
-import framing as framings
+from infra import framing as framings
 from config import PAPER_TURNS, SMALL_MODELS, compute_dtype, doc, flags, gpu_shortage, local_ranks, pick_device
 from envs import agentgym
-from framing import Framing
+from infra.framing import Framing
 from report import pairs, plot, summarize, table
 
 EVAL_TURNS = {"babyai": 20, "sciworld": 30, "textcraft": 30, "searchqa": 30, "webarena": 15}  # paper's test budgets
@@ -214,7 +214,7 @@ def check(cfg: EvalConfig) -> str | None:
         except (OSError, ValueError) as exc:
             return (f"--model {cfg.model!r} cannot be loaded ({str(exc).splitlines()[0][:120]}); "
                     "use 'tiny', a model directory or an HF name")
-    from memplan import check_generation
+    from infra.memplan import check_generation
     if problem := check_generation(d.model, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.chunk * cfg.k):
         return problem  # the generator's weights and KV cache against what a rank can have
     saved = d.out / "config.json"
@@ -410,9 +410,8 @@ def main(argv=None):
 
     import torch.distributed as dist
 
-    from distributed import setup_distributed
-    from runlog import note_provenance
-    from train import print0
+    from infra.distributed import print0, setup_distributed
+    from infra.runlog import note_provenance
 
     d = derive(cfg)
     rank, world = setup_distributed(d.device)

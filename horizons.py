@@ -29,7 +29,7 @@ from pathlib import Path
 from report import clustered_se, paired_table, task_means
 from results import _jsonl, publish
 
-LAUNCH = [sys.executable, "lifeline.py", "--standalone", "--nproc_per_node"]
+LAUNCH = [sys.executable, "-m", "infra.lifeline", "--standalone", "--nproc_per_node"]
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -111,7 +111,7 @@ def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], kee
     write tables.md; returns the tables. Refuses a `dest` that holds files; removes what it wrote when
     the folder ends up over `limit` bytes, and says which files are the largest."""
     from evaluate import load_transcripts
-    from runlog import provenance
+    from infra.runlog import provenance
 
     if dest.exists() and any(dest.iterdir()):
         raise SystemExit(f"error: {dest} holds files already; remove it or choose another name")

@@ -6,7 +6,7 @@
 #   bash run.sh test  [pytest flags]     run the test suite
 # Set-up: creates .venv (or refreshes it when requirements.txt changed) with the exact pinned packages,
 # and installs Debian's chromium when it is missing (as root), the browser of `--env-options '{"backend": "browser"}'`
-# and of `--env miniwob`. Ranks start through lifeline.py: torchrun itself, ending with one readable line
+# and of `--env miniwob`. Ranks start through infra/lifeline.py: torchrun itself, ending with one readable line
 # (rank, signal, memory, likely cause) if a rank dies.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -39,7 +39,7 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
   train)
-    if [ $# -gt 0 ]; then exec python lifeline.py --standalone --nproc_per_node "${NPROC:-2}" train.py "$@"; fi
+    if [ $# -gt 0 ]; then exec python -m infra.lifeline --standalone --nproc_per_node "${NPROC:-2}" train.py "$@"; fi
     # No flags: the CPU learning recipe (config.smollm2; in-training evaluation on the validation split) for
     # training seed SEED (default 0); then its control, the warm start continued by imitation alone on new
     # expert episodes for the wall time RL took; then final evaluations of the untrained model (once for
@@ -50,7 +50,7 @@ case "$cmd" in
     seed=${SEED:-0}
     out=runs/babyai-smollm2-seed$seed
     results=${RESULTS:-results/babyai-smollm2-seed$seed}
-    launch=(python lifeline.py --standalone --nproc_per_node "${NPROC:-2}")
+    launch=(python -m infra.lifeline --standalone --nproc_per_node "${NPROC:-2}")
     resume=()
     if compgen -G "$out/checkpoints/step_*" > /dev/null || [ -e "$out/warmstart/config.json" ]; then resume=(--resume); fi
     "${launch[@]}" train.py --preset smollm2 --seed "$seed" --out "$out" "${resume[@]}"

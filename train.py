@@ -38,27 +38,19 @@ import torch
 import torch.distributed as dist
 
 import algorithms as A
-import checkpoint
+from infra import checkpoint
 import config as configs
 import envs
-import faults
-import lifeline
-import memplan
+from infra import faults
+from infra import lifeline
+from infra import memplan
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
-from distributed import all_max, all_sum, load, setup_distributed, sync
+from infra.distributed import all_max, all_sum, load, print0, setup_distributed, sync
 from engine import make_engine
 from rollout import ChatFormat, abandoned, rollout
-from stepplan import Accumulation, Curriculum, informative_groups, rank_share, tasks_for_step
-from runlog import RunLog, log_episodes, log_outcomes, memory_metrics, trim_heap
+from infra.stepplan import Accumulation, Curriculum, informative_groups, rank_share, tasks_for_step
+from infra.runlog import RunLog, log_episodes, log_outcomes, memory_metrics, trim_heap
 from models import resolve_model
-
-RANK = int(os.environ.get("RANK", 0))
-
-
-def print0(*args):
-    if RANK == 0:
-        print(*args, flush=True)
-
 
 GAP_ALARM = 0.5  # mean |trainer - sampler| logprob per token above which a weight sync is suspect
 

@@ -102,7 +102,7 @@ def metrics(run: Path) -> list[dict]:
 def planned_gb(run: Path, device: str) -> float | None:
     """memplan's planned peak for a finished run's config, on `device`, in GB (None if it cannot say)."""
     import config
-    import memplan
+    from infra import memplan
     path = run / "config.json"
     if not path.exists():
         return None

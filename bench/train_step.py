@@ -64,8 +64,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import algorithms as A  # noqa: E402
 import config as configs  # noqa: E402
 import batch as batch_  # noqa: E402
-import distributed  # noqa: E402
-import memplan  # noqa: E402
+from infra import distributed  # noqa: E402
+from infra import memplan  # noqa: E402
 import train  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
 import plain_step  # noqa: E402  (bench/, the script's own folder)

@@ -11,7 +11,7 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import batch as batch_  # noqa: E402
-import distributed  # noqa: E402
+from infra import distributed  # noqa: E402
 from engine import Sampling, make_engine  # noqa: E402
 from models.tiny import tiny_model_dir  # noqa: E402
 

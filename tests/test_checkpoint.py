@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import checkpoint
+from infra import checkpoint
 from tests.test_distributed import WORLD, spawn
 
 
@@ -25,7 +25,7 @@ def _train_save_reload(root, sharded, rank):
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import distributed
+    from infra import distributed
     from models.tiny import tiny_model_dir
 
     mesh = init_device_mesh("cpu", (WORLD,))

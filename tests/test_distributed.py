@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 import algorithms as A
 import config as configs
-import distributed
+from infra import distributed
 import train
 
 WORLD = 2

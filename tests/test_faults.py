@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import checkpoint
+from infra import checkpoint
 import engine as engines
 from models import tiny
 from rollout import ChatFormat, rollout

@@ -221,7 +221,7 @@ def _fsdp2_update(rank):
     the shared prefix, float32 and bf16 mixed precision, checkpointing on: loss and full gradients."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    import distributed
+    from infra import distributed
 
     mesh = init_device_mesh("cpu", (2,))
     out = {}

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 
 import evaluate as E
 import report as R
-import runlog
+from infra import runlog
 import runreport
 import schedule
 from models import tiny

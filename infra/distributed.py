@@ -12,6 +12,13 @@ import torch
 import torch.distributed as dist
 
 COLLECTIVE_TIMEOUT_MIN = 60  # a rank-0 checkpoint gather of a 7B model can outlast the 10-minute default
+RANK = int(os.environ.get("RANK", 0))
+
+
+def print0(*args):
+    """print, on rank 0 only."""
+    if RANK == 0:
+        print(*args, flush=True)
 
 
 def setup_distributed(device: str) -> tuple[int, int]:

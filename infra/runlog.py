@@ -60,7 +60,7 @@ def provenance() -> dict:
     import platform
     import subprocess
 
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parent.parent
     def git(*args):
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
     try:
