@@ -48,7 +48,7 @@ from infra import framing as framings
 from config import PAPER_TURNS, SMALL_MODELS, compute_dtype, doc, flags, gpu_shortage, local_ranks, pick_device
 from envs import agentgym
 from infra.framing import Framing
-from report import pairs, plot, summarize, table
+from lab.stats import load_transcripts, plot, summarize, table
 
 EVAL_TURNS = {"babyai": 20, "sciworld": 30, "textcraft": 30, "searchqa": 30, "webarena": 15}  # paper's test budgets
 REWARD_SCALE = {
@@ -284,24 +284,6 @@ def trained_on(cfg: EvalConfig, env, ids: list[int]) -> list[int]:
 
 
 # ------------------------------------------------------------------ transcripts and outputs
-
-def load_transcripts(path: Path, k: int) -> tuple[list[dict], bool]:
-    """Records of finished (task, budget) pairs (k samples each) and whether the file needs rewriting:
-    an interrupted write can leave a cut last line, which the next append would run into."""
-    if not path.exists():
-        return [], False
-    text = path.read_text()
-    latest, lines = {}, 0
-    for line in filter(str.strip, text.split("\n")):
-        lines += 1
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        latest[(r["task_id"], r["budget"], r["sample"])] = r
-    records = [r for rs in pairs(list(latest.values())).values() if len(rs) >= k for r in rs]
-    return records, len(records) != lines or not text.endswith("\n")
-
 
 def write_outputs(out: Path, records: list[dict], cfg: EvalConfig, d: Derived) -> str:
     summary = summarize(records)

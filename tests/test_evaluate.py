@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import evaluate as E
-import report as R
+from lab import stats as R
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--model", "tiny", "--engine", "hf", "--max-tokens", "12", "--max-context", "4096"]

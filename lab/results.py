@@ -1,15 +1,15 @@
 """Result folders (results/<name>/): the evidence of a run and its evaluations, small enough to commit,
-and every table regenerated from those files alone (report.py's numbers: success, the task-clustered
+and every table regenerated from those files alone (lab/stats.py's numbers: success, the task-clustered
 SE, Pass@k, the paired task-level bootstrap; and the in-training validation curve).
 
-    python report.py --publish runs/babyai-smollm2 results/babyai-smollm2 untrained=runs/.../eval-untrained ...
-    python report.py results/babyai-smollm2          # every table of that folder, from its files only
+    python -m lab.report --publish runs/babyai-smollm2 results/babyai-smollm2 untrained=runs/.../eval-untrained ...
+    python -m lab.report results/babyai-smollm2      # every table of that folder, from its files only
 
 Everything a table needs and no weights: run/ (train.py's config.json, metrics.jsonl, in-training
 validation outcomes evals.jsonl, provenance.jsonl), one evals/<label>/ per evaluation (its settings,
 per-task outcomes, the mix of actions per subtask over all its transcripts and how many of those actions
 the env refused, a few trimmed transcripts,
-the commits that produced them), manifest.json and tables.md. `publish` writes a folder, `render` rebuilds every table from its files only; report.py's
+the commits that produced them), manifest.json and tables.md. `publish` writes a folder, `render` rebuilds every table from its files only; lab/report.py's
 command line calls both. Tests: python -m pytest tests/test_report.py
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from report import clustered_se, k_values, naive_se, paired_table, pairs, stats, task_means
+from lab.stats import clustered_se, k_values, naive_se, paired_table, pairs, stats, task_means
 
 RUN_FILES = ("config.json", "metrics.jsonl", "evals.jsonl", "provenance.jsonl")
 OUTCOME_KEYS = ("task_id", "subtask", "sample", "budget", "reward", "success", "turns", "end")
@@ -110,7 +110,7 @@ def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], kee
     """Copy the evidence of a run and its evaluations into `dest` (the files listed at the top) and
     write tables.md; returns the tables. Refuses a `dest` that holds files; removes what it wrote when
     the folder ends up over `limit` bytes, and says which files are the largest."""
-    from evaluate import load_transcripts
+    from lab.stats import load_transcripts
     from infra.runlog import provenance
 
     if dest.exists() and any(dest.iterdir()):
@@ -280,7 +280,7 @@ def seeds_table(dests: list[Path], resamples: int = 10_000, seed: int = 0) -> st
     """Several result folders of one recipe, one per training seed, evaluated alike: every paired
     difference (later minus earlier evaluation, same labels in each folder) per seed with its task-level
     interval, whether that interval lies above 0, and the mean over seeds of the point differences."""
-    from report import paired
+    from lab.stats import paired
 
     per_seed = []
     for dest in dests:

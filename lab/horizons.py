@@ -3,10 +3,10 @@ GRPO under staged turn budgets against a fixed short and a fixed long budget, wi
 seeds and everything else; each run's validation curve at one turn budget (--eval-turns), each final
 model on the same test tasks, the paired differences between schedules, and a figure.
 
-    python horizons.py --warmstart runs/babyai-smollm2/warmstart --out runs/horizons \
+    python -m lab.horizons --warmstart runs/babyai-smollm2/warmstart --out runs/horizons \
         --arms staged=5,8@4 short=5 long=8 --seeds 0 1 --steps 8 [-- more train.py flags]
-    python horizons.py --publish runs/horizons results/horizons-babyai    # the folder to commit
-    python horizons.py results/horizons-babyai                           # its tables, from its files only
+    python -m lab.horizons --publish runs/horizons results/horizons-babyai    # the folder to commit
+    python -m lab.horizons results/horizons-babyai                           # its tables, from its files only
 
 A run (out/ARM-seedS) or evaluation already finished is skipped, an interrupted one resumes, so the
 first command can be repeated after a crash. Arms whose schedules agree on their first k steps (a staged
@@ -26,8 +26,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from report import clustered_se, paired_table, task_means
-from results import _jsonl, publish
+from lab.results import _jsonl, publish
+from lab.stats import clustered_se, paired_table, task_means
 
 LAUNCH = [sys.executable, "-m", "infra.lifeline", "--standalone", "--nproc_per_node"]
 
@@ -224,7 +224,7 @@ def figure(dest: Path, out: Path) -> Path:
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--publish"]:
         if len(argv) != 3:
-            raise SystemExit("usage: python horizons.py --publish RUNS_DIR results/NAME")
+            raise SystemExit("usage: python -m lab.horizons --publish RUNS_DIR results/NAME")
         publish_all(Path(argv[1]), Path(argv[2]))
         print(f"figure: {figure(Path(argv[2]), Path(argv[2]) / 'validation.png')}")
         print((Path(argv[2]) / "tables.md").read_text(), end="")
