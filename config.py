@@ -120,7 +120,7 @@ class Config:
     out: str = doc("run directory (config, metrics.jsonl, plots, checkpoints)", "runs/{env}-{algo}")
     eval_every: int = doc("every N steps (and at the end), one sampled episode per validation task; 0: never", 0)
     eval_turns: int = doc("turn budget of those evaluations; 0: the schedule's largest. Fix it to compare runs of "
-                          "different schedules on one footing (horizons.py)", 0)
+                          "different schedules on one footing (lab/horizons.py)", 0)
     eval_tasks: int = doc("validation tasks per in-training evaluation (the first ones of the val split), shared over ranks", 16)
     save_every: int = doc("checkpoint every N steps (and at the end); 0: only at the end", 0)
     keep: int = doc("checkpoints kept on disk", 2)
