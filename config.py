@@ -22,10 +22,10 @@ import shutil
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import framing as framings
+from infra import framing as framings
 import schedule as schedules
 from algorithms import AGGREGATIONS
-from framing import Framing
+from infra.framing import Framing
 
 ALGOS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "ppo", "gigpo")
 
@@ -120,7 +120,7 @@ class Config:
     out: str = doc("run directory (config, metrics.jsonl, plots, checkpoints)", "runs/{env}-{algo}")
     eval_every: int = doc("every N steps (and at the end), one sampled episode per validation task; 0: never", 0)
     eval_turns: int = doc("turn budget of those evaluations; 0: the schedule's largest. Fix it to compare runs of "
-                          "different schedules on one footing (horizons.py)", 0)
+                          "different schedules on one footing (lab/horizons.py)", 0)
     eval_tasks: int = doc("validation tasks per in-training evaluation (the first ones of the val split), shared over ranks", 16)
     save_every: int = doc("checkpoint every N steps (and at the end); 0: only at the end", 0)
     keep: int = doc("checkpoints kept on disk", 2)
@@ -430,7 +430,7 @@ def check(cfg: Config, world: int) -> str | None:
         return (f"--model {cfg.model} needs the settings of a pretrained model: --preset smollm2 (a small model "
                 "on a CPU) or --preset paper (a 7B model on GPUs); the cpu preset is the tiny model's")
     if cfg.train_layers:
-        from memplan import model_config
+        from infra.memplan import model_config
         layers = model_config(cfg.model).get("num_hidden_layers", cfg.train_layers)
         if cfg.train_layers > layers:
             return f"--train-layers {cfg.train_layers} but {cfg.model} has {layers} decoder blocks; give 1..{layers}, or 0 (all)"

@@ -44,11 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import envs
-import framing as framings
+from infra import framing as framings
 from config import PAPER_TURNS, SMALL_MODELS, compute_dtype, doc, flags, gpu_shortage, local_ranks, pick_device
 from envs import agentgym
-from framing import Framing
-from report import pairs, plot, summarize, table
+from infra.framing import Framing
+from lab.stats import load_transcripts, plot, summarize, table
 
 EVAL_TURNS = {"babyai": 20, "sciworld": 30, "textcraft": 30, "searchqa": 30, "webarena": 15}  # paper's test budgets
 REWARD_SCALE = {
@@ -214,7 +214,7 @@ def check(cfg: EvalConfig) -> str | None:
         except (OSError, ValueError) as exc:
             return (f"--model {cfg.model!r} cannot be loaded ({str(exc).splitlines()[0][:120]}); "
                     "use 'tiny', a model directory or an HF name")
-    from memplan import check_generation
+    from infra.memplan import check_generation
     if problem := check_generation(d.model, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.chunk * cfg.k):
         return problem  # the generator's weights and KV cache against what a rank can have
     saved = d.out / "config.json"
@@ -284,24 +284,6 @@ def trained_on(cfg: EvalConfig, env, ids: list[int]) -> list[int]:
 
 
 # ------------------------------------------------------------------ transcripts and outputs
-
-def load_transcripts(path: Path, k: int) -> tuple[list[dict], bool]:
-    """Records of finished (task, budget) pairs (k samples each) and whether the file needs rewriting:
-    an interrupted write can leave a cut last line, which the next append would run into."""
-    if not path.exists():
-        return [], False
-    text = path.read_text()
-    latest, lines = {}, 0
-    for line in filter(str.strip, text.split("\n")):
-        lines += 1
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        latest[(r["task_id"], r["budget"], r["sample"])] = r
-    records = [r for rs in pairs(list(latest.values())).values() if len(rs) >= k for r in rs]
-    return records, len(records) != lines or not text.endswith("\n")
-
 
 def write_outputs(out: Path, records: list[dict], cfg: EvalConfig, d: Derived) -> str:
     summary = summarize(records)
@@ -410,9 +392,8 @@ def main(argv=None):
 
     import torch.distributed as dist
 
-    from distributed import setup_distributed
-    from runlog import note_provenance
-    from distributed import print0
+    from infra.distributed import print0, setup_distributed
+    from infra.runlog import note_provenance
 
     d = derive(cfg)
     rank, world = setup_distributed(d.device)

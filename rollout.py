@@ -31,9 +31,9 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
-import faults
+from infra import faults
 from engine import Sampling, stop_ids
-from framing import Framing
+from infra.framing import Framing
 from gigpo import state_key
 
 REPLY, OBS = "<<REPLY-PLACEHOLDER>>", "<<OBSERVATION-PLACEHOLDER>>"

@@ -1,6 +1,6 @@
 """A training run's set-up, once per rank, before the loop of train.py: the config checked (a broken one
-stops with one line before anything heavy), the memory planned (memplan.py), the process group, the
-models loaded into FSDP2 shards (distributed.py), the generator (engine.py), the environments, a resumed
+stops with one line before anything heavy), the memory planned (infra/memplan.py), the process group, the
+models loaded into FSDP2 shards (infra/distributed.py), the generator (engine.py), the environments, a resumed
 checkpoint, and the warm start when there is one (warmstart.py). `Run` holds what every step reads.
 Test: tests/test_train.py (every entry runs through here)."""
 from __future__ import annotations
@@ -17,18 +17,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import checkpoint
 import config as configs
-import console
 import envs
-import lifeline
-import memplan
-from distributed import all_max, all_sum, load, print0, setup_distributed, sync
 from engine import make_engine
+from infra import checkpoint, console, lifeline, memplan
+from infra.distributed import all_max, all_sum, load, print0, setup_distributed, sync
+from infra.runlog import RunLog
+from infra.stepplan import Accumulation, Curriculum
 from models import resolve_model
 from rollout import ChatFormat, abandoned
-from runlog import RunLog
-from stepplan import Accumulation, Curriculum
 
 
 @dataclass

@@ -6,7 +6,7 @@
 #   bash run.sh test  [pytest flags]     run the test suite
 # Set-up: creates .venv (or refreshes it when requirements.txt changed) with the exact pinned packages,
 # and installs Debian's chromium when it is missing (as root), the browser of `--env-options '{"backend": "browser"}'`
-# and of `--env miniwob`. Ranks start through lifeline.py: torchrun itself, ending with one readable line
+# and of `--env miniwob`. Ranks start through infra/lifeline.py: torchrun itself, ending with one readable line
 # (rank, signal, memory, likely cause) if a rank dies.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -39,27 +39,36 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
   train)
-    if [ $# -gt 0 ]; then exec python lifeline.py --standalone --nproc_per_node "${NPROC:-2}" train.py "$@"; fi
+    report() {  # RUN_DIR: its report.html, drawn by the lab from the run's files (train.py never imports lab/)
+      [ ! -e "$1/metrics.jsonl" ] || python -m lab.report "$1"
+    }
+    if [ $# -gt 0 ]; then
+      python -m infra.lifeline --standalone --nproc_per_node "${NPROC:-2}" train.py "$@"
+      report "$(python -c 'import sys, config; print(config.derive(config.parse(sys.argv[1:])).out)' "$@")"
+      exit
+    fi
     # No flags: the CPU learning recipe (config.smollm2; in-training evaluation on the validation split) for
     # training seed SEED (default 0); then its control, the warm start continued by imitation alone on new
     # expert episodes for the wall time RL took; then final evaluations of the untrained model (once for
     # all seeds), the warm start, the control and the RL result on the whole 200-task test split x 2
     # samples, the same decoding for all; their table with paired bootstrap intervals; and the result
-    # folder to commit (RESULTS, default results/babyai-smollm2-seedSEED). `python report.py results/A
-    # results/B ...` sets seeds side by side.
+    # folder to commit (RESULTS, default results/babyai-smollm2-seedSEED). `python -m lab.report results/A
+    # results/B ...` sets seeds side by side. Each training run ends with its report.html (lab/runreport.py).
     seed=${SEED:-0}
     out=runs/babyai-smollm2-seed$seed
     results=${RESULTS:-results/babyai-smollm2-seed$seed}
-    launch=(python lifeline.py --standalone --nproc_per_node "${NPROC:-2}")
+    launch=(python -m infra.lifeline --standalone --nproc_per_node "${NPROC:-2}")
     resume=()
     if compgen -G "$out/checkpoints/step_*" > /dev/null || [ -e "$out/warmstart/config.json" ]; then resume=(--resume); fi
     "${launch[@]}" train.py --preset smollm2 --seed "$seed" --out "$out" "${resume[@]}"
+    report "$out"
     # RL's wall time: its steps' (a resumed step counts once), without the validation evaluations
     rl_seconds=$(python -c "import json, sys; t = {d['step']: d.get('time/step', 0) for d in map(json.loads, open(sys.argv[1]))}; print(round(sum(t.values())))" "$out/metrics.jsonl")
     if [ ! -e "$out-imitation/warmstart/config.json" ]; then
       echo "control: imitation from the warm start for ${rl_seconds}s, the time RL's steps took"
       "${launch[@]}" train.py --preset smollm2 --model "$out/warmstart" --seed $((seed + 1000)) --steps 0 \
         --bc-episodes 4000 --bc-seconds "$rl_seconds" --out "$out-imitation"
+      report "$out-imitation"
     fi
     evaluate() {  # LABEL MODEL DIR: skipped when DIR holds a finished evaluation
       [ -e "$3/results.json" ] || "${launch[@]}" evaluate.py --env babyai --env-options '{"brief": true}' --model "$2" \
@@ -71,9 +80,9 @@ case "$cmd" in
     evaluate rl "$out" "$out/eval-rl"
     evals=(untrained=runs/babyai-smollm2-untrained warm-start="$out/eval-warmstart"
            "warm start + imitation"="$out/eval-imitation" "warm start + GRPO"="$out/eval-rl")
-    python report.py "${evals[@]}" | tee "$out/before_after.md"
-    [ -e "$results/manifest.json" ] || python report.py --publish "$out" "$results" "${evals[@]}" > /dev/null
-    echo "result folder: $results (python report.py $results prints its tables)" ;;
+    python -m lab.report "${evals[@]}" | tee "$out/before_after.md"
+    [ -e "$results/manifest.json" ] || python -m lab.report --publish "$out" "$results" "${evals[@]}" > /dev/null
+    echo "result folder: $results (python -m lab.report $results prints its tables)" ;;
   test) exec python -m pytest "$@" ;;
   *) echo "usage: bash run.sh train [flags] | bash run.sh test [pytest flags]" >&2; exit 2 ;;
 esac

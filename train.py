@@ -37,15 +37,14 @@ import torch
 import torch.distributed as dist
 
 import algorithms as A
-import checkpoint
-import faults
 import gigpo
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
-from distributed import all_max, all_sum, print0, sync
+from infra import checkpoint, faults
+from infra.distributed import all_max, all_sum, print0, sync
+from infra.runlog import log_episodes, log_outcomes, memory_metrics, trim_heap
+from infra.stepplan import informative_groups, rank_share, tasks_for_step
 from rollout import rollout
 from run import Run, finish, setup
-from runlog import log_episodes, log_outcomes, memory_metrics, trim_heap
-from stepplan import informative_groups, rank_share, tasks_for_step
 
 GAP_ALARM = 0.5  # mean |trainer - sampler| logprob per token above which a weight sync is suspect
 

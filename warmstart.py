@@ -30,10 +30,10 @@ import time
 
 import torch
 
-import checkpoint
+from infra import checkpoint
 
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad
-from framing import Framing
+from infra.framing import Framing
 from rollout import Episode, opening
 
 

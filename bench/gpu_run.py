@@ -15,7 +15,7 @@ Part B, the BabyAI recipe (config.smollm2) at GPU scale, every phase bounded in 
      beside the imitation control: the same warm start imitating for the same seconds (side by side on
      the one GPU, so both had the same machine under the same load);
   3. the warm start, the control and the RL result on the same 200 x 2 test episodes, the same decoding;
-  4. report.py's paired table and a result folder (report.py --publish).
+  4. lab/stats.py's paired table and a result folder (python -m lab.report --publish).
 
 `--dry-run` runs both parts on this CPU at toy scale (a few minutes), so the GPU's minutes are never spent
 on a typo. Every phase's command, seconds, return code and log tail go to <out>/summary.json, and
@@ -102,7 +102,7 @@ def metrics(run: Path) -> list[dict]:
 def planned_gb(run: Path, device: str) -> float | None:
     """memplan's planned peak for a finished run's config, on `device`, in GB (None if it cannot say)."""
     import config
-    import memplan
+    from infra import memplan
     path = run / "config.json"
     if not path.exists():
         return None
@@ -186,9 +186,9 @@ def part_b(out: Path, dry: bool, phases: Phases, s: dict) -> dict:
                      evaluate("warm start + GRPO", rl)])
     # 4. the paired table and the result folder
     pairs = [f"{label}={folder}" for label, folder in evals.items()]
-    table = phases.run("b4-report", [sys.executable, "report.py", *pairs])
+    table = phases.run("b4-report", [sys.executable, "-m", "lab.report", *pairs])
     name = "results-dry-run" if dry else "babyai-smollm2-gpu"
-    phases.run("b4-publish", [sys.executable, "report.py", "--publish", rl, out / name, *pairs])
+    phases.run("b4-publish", [sys.executable, "-m", "lab.report", "--publish", rl, out / name, *pairs])
     rows = metrics(rl)
     return {"b": {"device": device, "scale": s, "steps": len(rows),
                   "rl_seconds_spent": round(sum(r.get("time/step", 0) for r in rows), 1),

@@ -25,7 +25,7 @@ if [ "${1:-}" = --pack ]; then
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .gpu/wheels "${WHEELS[@]}"
-  src=$("$PY" -c "import smollm2; print(smollm2.gguf_path())")
+  src=$("$PY" -c "from models import smollm2; print(smollm2.gguf_path())")
   head -c $((40 * 1024 * 1024)) "$src" > .gpu/gguf-1/part
   tail -c +$((40 * 1024 * 1024 + 1)) "$src" > .gpu/gguf-2/part
   sha256sum "$src" | cut -c1-64 > .gpu/wheels/gguf.sha256

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from memplan import GB, MB, Shape, model_config as load_config, plan, shape  # noqa: E402
+from infra.memplan import GB, MB, Shape, model_config as load_config, plan, shape  # noqa: E402
 
 
 def show(name: str, s: Shape, p: dict, args) -> None:

@@ -64,8 +64,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import algorithms as A  # noqa: E402
 import config as configs  # noqa: E402
 import batch as batch_  # noqa: E402
-import distributed  # noqa: E402
-import memplan  # noqa: E402
+from infra import distributed  # noqa: E402
+from infra import memplan  # noqa: E402
 import train  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
 import plain_step  # noqa: E402  (bench/, the script's own folder)
@@ -199,7 +199,7 @@ def padding(batch_lengths: torch.Tensor, micro: list[list[int]]) -> tuple[int, i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=("tiny", "small", "bigvocab", "smollm2"), default="tiny",
-                        help="tiny: tiny.py's model; small: a Qwen2-shaped model of --hidden and --layers; "
+                        help="tiny: models/tiny.py's model; small: a Qwen2-shaped model of --hidden and --layers; "
                              "bigvocab: the tiny body with a --vocab vocabulary and untied head; smollm2: "
                              "SmolLM2-135M-Instruct and its tokenizer")
     parser.add_argument("--hidden", type=int, help="hidden size of small (default 256) or bigvocab (default 64)")

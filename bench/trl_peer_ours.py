@@ -25,7 +25,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import batch as batch_  # noqa: E402
 import config as configs  # noqa: E402
-import distributed  # noqa: E402
+from infra import distributed  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
 from rollout import Episode  # noqa: E402
 import train_step  # noqa: E402  (bench/, the script's own folder)

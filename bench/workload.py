@@ -1,7 +1,7 @@
 """The workload of bench/train_step.py: the model it trains (`--model`) and the synthetic episodes that
 stand in for a rollout (bench/rollout.py measures the rollout itself).
 
-Models (`--model`): `tiny` (tiny.py's, vocabulary 1,472); `small`, a Qwen2-shaped model of `--hidden`
+Models (`--model`): `tiny` (models/tiny.py's, vocabulary 1,472); `small`, a Qwen2-shaped model of `--hidden`
 and `--layers` on the tiny tokenizer; `bigvocab`, a Qwen2-shaped model with Qwen2.5's vocabulary of
 152,064 (`--vocab`) and an untied LM head, as Qwen2.5-7B has, on the tiny model's body (hidden 64,
 2 layers, unless `--hidden`/`--layers`): the cost and memory of the LM head and its logits almost
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import tiny as tiny_recipe  # noqa: E402
+from models import tiny as tiny_recipe  # noqa: E402
 from models import resolve_model  # noqa: E402
 from rollout import Episode  # noqa: E402
 

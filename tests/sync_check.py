@@ -11,9 +11,9 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import batch as batch_  # noqa: E402
-import distributed  # noqa: E402
+from infra import distributed  # noqa: E402
 from engine import Sampling, make_engine  # noqa: E402
-from tiny import tiny_model_dir  # noqa: E402
+from models.tiny import tiny_model_dir  # noqa: E402
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "auto"
 rank, world = distributed.setup_distributed("cpu")

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import batch as B
-from tiny import tiny_model_dir
+from models.tiny import tiny_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import checkpoint
+from infra import checkpoint
 from tests.test_distributed import WORLD, spawn
 
 
@@ -25,8 +25,8 @@ def _train_save_reload(root, sharded, rank):
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import distributed
-    from tiny import tiny_model_dir
+    from infra import distributed
+    from models.tiny import tiny_model_dir
 
     mesh = init_device_mesh("cpu", (WORLD,))
     tok = AutoTokenizer.from_pretrained(tiny_model_dir())

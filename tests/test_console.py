@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import config
-import console
+from infra import console
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -99,7 +99,7 @@ def test_under_the_launcher_known_warnings_stay_off_the_console_and_unknown_ones
         print("our own line", flush=True)
         """))
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "AGENTGYM_CONSOLE")}
-    proc = subprocess.run([sys.executable, "lifeline.py", "--standalone", "--nproc_per_node", "2", str(worker)],
+    proc = subprocess.run([sys.executable, "-m", "infra.lifeline", "--standalone", "--nproc_per_node", "2", str(worker)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("our own line") == 2
@@ -108,7 +108,7 @@ def test_under_the_launcher_known_warnings_stay_off_the_console_and_unknown_ones
     assert proc.stderr.count("UserWarning: a warning nobody has seen before") == 2
     assert proc.stderr.count('warnings.warn("a warning nobody has seen before"') == 2  # its source line
     assert proc.stderr.strip().splitlines()[-1].startswith("console: 8 known harmless lines")
-    shown = subprocess.run([sys.executable, "lifeline.py", "--standalone", "--nproc_per_node", "2", str(worker)],
+    shown = subprocess.run([sys.executable, "-m", "infra.lifeline", "--standalone", "--nproc_per_node", "2", str(worker)],
                            cwd=ROOT, env={**env, "AGENTGYM_CONSOLE": "all"}, capture_output=True, text=True,
                            timeout=120)
     assert "OMP_NUM_THREADS" in shown.stderr and shown.stderr.count("reduce_op") == 2
@@ -126,7 +126,7 @@ def test_on_a_terminal_the_workers_still_write_to_one_of_its_size(tmp_path):
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
     env = {k: v for k, v in os.environ.items() if k != "AGENTGYM_CONSOLE"}
-    proc = subprocess.Popen([sys.executable, "lifeline.py", "--standalone", "--nproc_per_node", "1", str(worker)],
+    proc = subprocess.Popen([sys.executable, "-m", "infra.lifeline", "--standalone", "--nproc_per_node", "1", str(worker)],
                             cwd=ROOT, env=env, stdout=slave, stderr=slave)
     os.close(slave)
     out = b""

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 import algorithms as A
 import config as configs
-import distributed
+from infra import distributed
 import train
 
 WORLD = 2
@@ -122,7 +122,7 @@ def _modes_and_checkpointing(rank):
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
 
-    from tiny import tiny_model_dir
+    from models.tiny import tiny_model_dir
 
     mesh = init_device_mesh("cpu", (WORLD,))
     ids = torch.randint(0, 1000, (2, 64))
@@ -151,7 +151,7 @@ def _frozen_below_top_blocks(rank):
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
 
-    from tiny import tiny_model_dir
+    from models.tiny import tiny_model_dir
 
     mesh = init_device_mesh("cpu", (WORLD,))
     model = distributed.shard(AutoModelForCausalLM.from_pretrained(tiny_model_dir()), mesh, "float32", False, train_layers=1)
@@ -229,7 +229,7 @@ def _loaded_equals_from_pretrained(rank):
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    from tiny import tiny_model_dir
+    from models.tiny import tiny_model_dir
 
     mesh = init_device_mesh("cpu", (WORLD,))
     out = {}

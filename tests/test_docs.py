@@ -1,11 +1,12 @@
 """The README and the docs pages: every relative link and image resolves (a file, and a heading when the
-link names one), every docs page is reachable from the README, and the README stays a guide (at most
-25,000 characters; the measurements live on the docs pages)."""
+link names one), every command names a file that exists, every docs page is reachable from the README,
+and the README stays a guide (at most 25,000 characters; the measurements live on the docs pages)."""
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+COMMAND = re.compile(r"python(?:3[.\d]*)? (?:-m ([\w.]+)|([\w./-]+\.py))")  # python -m lab.report, python train.py
 
 
 def pages():
@@ -38,6 +39,21 @@ def test_every_relative_link_resolves():
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+def test_every_command_names_a_file_of_the_repository():
+    """`python X.py` and `python -m pkg.mod` (of this repository's packages) name files that exist, so a
+    module that moves leaves no stale command behind, in the pages or in the tables they copy."""
+    stale = []
+    for page in pages():
+        for module, script in COMMAND.findall(page.read_text()):
+            top = module.split(".")[0]
+            if module and not ((ROOT / top).is_dir() or (ROOT / f"{top}.py").exists()):
+                continue  # an installed module: pytest, venv, pip
+            path = ROOT / (script or module.replace(".", "/") + ".py")
+            if not path.exists() and not (path.with_suffix("") / "__main__.py").exists():
+                stale.append(f"{page.relative_to(ROOT)}: python {script or '-m ' + module}")
+    assert not stale, "\n".join(stale)
 
 
 def test_every_docs_page_is_linked_from_the_readme():

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import engine as engines
-import tiny
+from models import tiny
 
 
 @pytest.fixture(scope="module")

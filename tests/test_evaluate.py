@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import evaluate as E
-import report as R
+from lab import stats as R
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--model", "tiny", "--engine", "hf", "--max-tokens", "12", "--max-context", "4096"]
@@ -147,7 +147,7 @@ def test_task_selection():
 
 def test_checkpoint_paths_resolve_to_the_policy(tmp_path):
     """A train run's layout (checkpoint.py): run/checkpoints/latest names step_N, whose policy/ is the model."""
-    import tiny
+    from models import tiny
     policy = tmp_path / "run" / "checkpoints" / "step_000002" / "policy"
     shutil.copytree(tiny.tiny_model_dir(), policy)
     (tmp_path / "run" / "checkpoints" / "latest").write_text("step_000002\n")
@@ -178,7 +178,7 @@ def test_a_run_is_not_scored_on_tasks_it_trained_on(tmp_path):
     import dataclasses
 
     import config
-    import tiny
+    from models import tiny
     from envs.babyai import BabyAI
     policy = tmp_path / "run" / "checkpoints" / "step_000001" / "policy"
     shutil.copytree(tiny.tiny_model_dir(), policy)
@@ -312,7 +312,7 @@ def test_coin_env_numbers_are_consistent_and_greedy_warns(tmp_path, in_process, 
     assert result["all"]["pass@4"] >= result["all"]["pass@2"] >= result["all"]["pass@1"]
     assert set(result["subtasks"]) == {"even", "odd"} and all(r["reward"] in (1.0, -0.5) for r in rows)
 
-    import tiny  # the greedy run loads a checkpoint the way train.py saves one
+    from models import tiny  # the greedy run loads a checkpoint the way train.py saves one
     shutil.copytree(tiny.tiny_model_dir(), tmp_path / "run" / "checkpoints" / "step_000001" / "policy")
     (tmp_path / "run" / "checkpoints" / "latest").write_text("step_000001")
     coin[coin.index("tiny")] = str(tmp_path / "run")

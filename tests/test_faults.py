@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-import checkpoint
+from infra import checkpoint
 import engine as engines
-import tiny
+from models import tiny
 from rollout import ChatFormat, rollout
 from tests import faulty
 

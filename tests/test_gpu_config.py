@@ -12,7 +12,7 @@ import torch
 import config
 import engine
 import evaluate
-import memplan
+from infra import memplan
 
 GB = memplan.GB
 

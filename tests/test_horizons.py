@@ -1,4 +1,4 @@
-"""horizons.py end to end on the tiny model (one rank, the transformers engine: the wiring, not
+"""lab/horizons.py end to end on the tiny model (one rank, the transformers engine: the wiring, not
 learning): two schedules from one model, every validation and test evaluation at one turn budget,
 the published folder, its tables and figure regenerated from the files."""
 import json
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import horizons
+from lab import horizons
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ def test_two_schedules_are_trained_evaluated_alike_and_published(tmp_path):
             "--samples-per-task", "2"]
     outputs = []
     for _ in range(2):  # the second call finds everything finished and runs nothing
-        proc = subprocess.run([sys.executable, "horizons.py", *args], cwd=ROOT, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "lab.horizons", *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         outputs.append(proc.stdout)

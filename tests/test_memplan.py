@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import config
-import lifeline
-import memplan
+from infra import lifeline
+from infra import memplan
 
 ROOT = Path(__file__).resolve().parent.parent
 GB = memplan.GB
@@ -105,7 +105,7 @@ def test_a_killed_rank_is_named_with_its_signal_and_memory(tmp_path):
     """TRAIN_FAULT SIGKILLs rank 1 in its first update, as the OOM killer would; the launcher's last line
     and rank 0's output name it."""
     env = {**os.environ, "TRAIN_FAULT": "update:1:1"}
-    cmd = [sys.executable, "lifeline.py", "--standalone", "--nproc_per_node", "2", "train.py", "--engine", "hf",
+    cmd = [sys.executable, "-m", "infra.lifeline", "--standalone", "--nproc_per_node", "2", "train.py", "--engine", "hf",
            "--steps", "2", "--horizon", "2", "--tasks-per-step", "2", "--samples-per-task", "2", "--max-tokens", "6",
            "--out", str(tmp_path / "run")]
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
+from infra import checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ import config as configs
 import prefix
 import train
 from rollout import Episode
-from tiny import tiny_model_dir
+from models.tiny import tiny_model_dir
 
 
 def episodes(vocab: int, seed: int = 0, groups: int = 3, size: int = 4) -> list[Episode]:
@@ -221,7 +221,7 @@ def _fsdp2_update(rank):
     the shared prefix, float32 and bf16 mixed precision, checkpointing on: loss and full gradients."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    import distributed
+    from infra import distributed
 
     mesh = init_device_mesh("cpu", (2,))
     out = {}

@@ -1,7 +1,7 @@
-"""Tests of report.py's evidence: the task-clustered SE and the paired task-level bootstrap against
+"""Tests of lab/stats.py's evidence: the task-clustered SE and the paired task-level bootstrap against
 hand values, a fixed-seed snapshot and a brute-force enumeration of every resample of a small case
 (float64 whatever the input dtype); then a real train.py run (validation curve in evals.jsonl) and two
-real evaluate.py runs, published into a result folder (results.py) whose tables regenerate from its
+real evaluate.py runs, published into a result folder (lab/results.py) whose tables regenerate from its
 files alone."""
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import evaluate as E
-import report as R
-import results as RS
+from lab import stats as R
+from lab import results as RS
 from tests.test_evaluate import FAST, rec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,7 +145,7 @@ def evals(tmp_path, monkeypatch):
 def test_publish_and_regenerate(run_dir, evals, tmp_path):
     dest = tmp_path / "results" / "coin"
     args = ["--publish", str(run_dir), str(dest), *[f"{label}={d}" for label, d in evals]]
-    proc = subprocess.run([sys.executable, "report.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "lab.report", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     assert files == ["evals/seed-1/actions.json", "evals/seed-1/config.json", "evals/seed-1/outcomes.jsonl", "evals/seed-1/provenance.jsonl",
@@ -162,7 +162,7 @@ def test_publish_and_regenerate(run_dir, evals, tmp_path):
     shown = [json.loads(line) for line in (dest / "evals/seed-1/transcripts.jsonl").read_text().splitlines()]
     assert len(shown) == 3 and all(s["messages"][-1]["role"] == "assistant" for s in shown)
     # the tables come back from the folder's files alone, identical to what --publish printed and wrote
-    again = subprocess.run([sys.executable, "report.py", str(dest)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    again = subprocess.run([sys.executable, "-m", "lab.report", str(dest)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout == proc.stdout == (dest / "tables.md").read_text()
     md = again.stdout
     for label, d in evals:  # each evaluation's row: its success and Avg reward as evaluate.py reported them
@@ -235,12 +235,12 @@ def test_publish_refuses_an_oversized_or_existing_folder(run_dir, evals, tmp_pat
 
 
 def test_seeds_table_lists_each_seed_and_their_mean(evals, tmp_path):
-    """`report.py results/A results/B`: one recipe's seeds side by side (here two folders whose later
+    """`python -m lab.report results/A results/B`: one recipe's seeds side by side (here two folders whose later
     evaluation is, in turn, each of two evaluations of the same 6 tasks)."""
     a, b = tmp_path / "a", tmp_path / "b"
     RS.publish(None, a, evals)
     RS.publish(None, b, [(evals[0][0], evals[1][1]), (evals[1][0], evals[0][1])])  # the same labels, swapped data
-    proc = subprocess.run([sys.executable, "report.py", str(a), str(b)], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "lab.report", str(a), str(b)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     recs = [E.load_transcripts(d / "transcripts.jsonl", 4)[0] for _, d in evals]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
+from infra import checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--env", "tests.toy:Digits", "--engine", "hf", "--steps", "5", "--save-every", "1", "--horizon", "2",

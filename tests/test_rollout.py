@@ -5,7 +5,7 @@ import torch
 from transformers import AutoTokenizer
 
 import engine as engines
-import tiny
+from models import tiny
 from rollout import ChatFormat, rollout
 from tests.toy import Digits, Exploding
 
@@ -166,7 +166,7 @@ def test_refused_turns_are_counted_as_the_env_flags_them(engine, model_dir):
     """The tiny model's replies are no BabyAI actions: the real env refuses each turn, and the count
     matches the refusal messages in the transcript (what results.refused_turns reads)."""
     from envs.babyai import BabyAI
-    from results import refused_turns
+    from lab.results import refused_turns
 
     chat = ChatFormat(tokenizer_for(model_dir, "tiny"))
     env = BabyAI(brief=True)

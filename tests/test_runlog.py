@@ -1,7 +1,7 @@
 """The memory probe that each training step logs (mem/rss_mb, mem/heap_mb) and bench/soak.py reads."""
 import torch
 
-from runlog import memory_mb
+from infra.runlog import memory_mb
 
 
 def test_live_heap_follows_allocations_and_frees():

@@ -1,4 +1,4 @@
-"""The run report (runreport.py) and the episodes it shows (runlog.py): an episode cut into trained and
+"""The run report (lab/runreport.py) and the episodes it shows (infra/runlog.py): an episode cut into trained and
 untrained segments token for token, with each reply's advantage; a chart's stage bands; then the real
 page of a real train.py run and two evaluate.py runs, opened in Chromium (Playwright, Debian's
 chromium as the browser envs use it): no script error, no request beyond the file itself, one SVG per
@@ -20,11 +20,11 @@ import torch
 from transformers import AutoTokenizer
 
 import evaluate as E
-import report as R
-import runlog
-import runreport
+from lab import stats as R
+from infra import runlog
+from lab import runreport
 import schedule
-import tiny
+from models import tiny
 from rollout import ChatFormat, Episode
 from tests.test_report import evals, run_dir  # noqa: F401 - the shared train.py run and evaluations
 
@@ -123,7 +123,7 @@ def table_cells(page, selector: str) -> list[dict]:
 
 
 def test_report_in_chromium(run_dir, evals, tmp_path):  # noqa: F811 - fixtures from tests.test_report
-    proc = subprocess.run([sys.executable, "report.py", str(run_dir), *[f"{label}={d}" for label, d in evals]],
+    proc = subprocess.run([sys.executable, "-m", "lab.report", str(run_dir), *[f"{label}={d}" for label, d in evals]],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     path = run_dir / "report.html"

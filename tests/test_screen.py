@@ -1,4 +1,4 @@
-"""screen.py: the tasks with both outcomes among an evaluation's samples, from a real evaluate.py run
+"""lab/screen.py: the tasks with both outcomes among an evaluation's samples, from a real evaluate.py run
 (the tiny model on the coin env, whose outcomes are mixed), and a pool file train.py's loader accepts."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import pytest
 
-import screen
+from lab import screen
 from envs.agentgym import task_ids
 from tests.test_evaluate import FAST, in_process  # noqa: F401  (a fixture)
 

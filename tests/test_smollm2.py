@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout import ChatFormat
-from smollm2 import load_gguf, smollm2_dir
+from models.smollm2 import load_gguf, smollm2_dir
 from tests.test_train import metrics, torchrun
 
 

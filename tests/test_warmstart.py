@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-import tiny
+from models import tiny
 import warmstart
 from envs.babyai import BabyAI
 from rollout import ChatFormat

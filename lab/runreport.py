@@ -4,13 +4,13 @@ offline, showing what the run's files hold:
 1. training curves (mean reward, success, validation success, KL, entropy, sampler gap, step time), one
    inline SVG each, with the ScalingInter horizon stages shaded (schedule.py);
 2. the before/after table of evaluations with task-level bootstrap intervals, when evaluate.py outputs
-   are given as LABEL=EVAL_DIR (the numbers are report.py's: `compare` and `paired_table`), and the
-   validation curve recomputed from evals.jsonl (results.py's `validation_curve`);
-3. an episode viewer: the episodes runlog.py kept at the first step, each evaluation step and the last
+   are given as LABEL=EVAL_DIR (the numbers are lab/stats.py's: `compare` and `paired_table`), and the
+   validation curve recomputed from evals.jsonl (lab/results.py's `validation_curve`);
+3. an episode viewer: the episodes infra/runlog.py kept at the first step, each evaluation step and the last
    step (episodes.jsonl), every turn's observation and reply, the tokens the loss trains on
    highlighted, each reply's advantage, the reward, and for a browser env a screenshot of the page.
 
-    python report.py RUN_DIR [LABEL=EVAL_DIR ...]     # writes RUN_DIR/report.html (train.py does at its end)
+    python -m lab.report RUN_DIR [LABEL=EVAL_DIR ...]     # writes RUN_DIR/report.html (run.sh does after training)
 
 No CDN, no external file: the charts are drawn here as SVG, the page forbids every fetch (its Content
 Security Policy) so that model text shown in it cannot load anything. Test: tests/test_runreport.py
@@ -24,9 +24,8 @@ import math
 import re
 from pathlib import Path
 
-import report
-import results
 import schedule as schedules
+from lab import results, stats
 
 CURVES = (  # (metrics.jsonl key, title); "validation" joins eval_start/success and eval/success
     ("reward", "mean reward (training episodes)"),
@@ -147,7 +146,7 @@ def curves(metrics: dict, sched) -> str:
     return '<div class="charts">' + "".join(chart(k, t, series(metrics, k), sched, xmax) for k, t in CURVES) + "</div>"
 
 
-# ------------------------------------------------------------------ tables (report.py's markdown, as HTML)
+# ------------------------------------------------------------------ tables (lab/stats.py's markdown, as HTML)
 
 def _inline(text: str) -> str:
     text = esc(text)
@@ -156,8 +155,8 @@ def _inline(text: str) -> str:
 
 
 def markdown_html(lines: list[str], table_class: str = "") -> str:
-    """report.py's markdown (tables, ## headings, lines) as HTML, cell for cell: the page shows exactly
-    the numbers `python report.py` prints."""
+    """lab/stats.py's markdown (tables, ## headings, lines) as HTML, cell for cell: the page shows exactly
+    the numbers `python -m lab.report` prints."""
     out, rows = [], []
 
     def flush():
@@ -183,12 +182,12 @@ def markdown_html(lines: list[str], table_class: str = "") -> str:
 def evaluations(run_dir: Path, evals: list[tuple[str, Path]]) -> str:
     parts = []
     if evals:
-        summaries, records = report.load_evals(evals)
+        summaries, records = stats.load_evals(evals)
         parts.append("<h3>Before / after (evaluate.py outputs, success by subtask)</h3>")
-        parts.append(markdown_html(report.compare(summaries).splitlines(), "compare"))
-        parts.append(markdown_html(report.paired_table(records), "paired"))
+        parts.append(markdown_html(stats.compare(summaries).splitlines(), "compare"))
+        parts.append(markdown_html(stats.paired_table(records), "paired"))
     else:
-        parts.append("<p>No evaluations given. <code>python report.py RUN_DIR before=EVAL_DIR after=EVAL_DIR</code> "
+        parts.append("<p>No evaluations given. <code>python -m lab.report RUN_DIR before=EVAL_DIR after=EVAL_DIR</code> "
                      "adds the before/after table with task-level bootstrap intervals.</p>")
     curve = results.validation_curve(run_dir)
     parts.append(markdown_html(curve, "validation") if curve else

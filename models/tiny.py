@@ -12,7 +12,7 @@ different ones would silently tokenise differently after a reload (and different
 loads it the same way). So the BPE is trained behind exactly Qwen2's NFC normaliser and split regex,
 and saved through `Qwen2Tokenizer` itself, so a reload is the identity.
 
-Run `python tiny.py` to build it and print where it is.
+Run `python -m models.tiny` to build it and print where it is.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import random
 import tempfile
 from pathlib import Path
 
-from models import cache_root, publish
+from models.cache import cache_root, publish
 
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"

@@ -8,7 +8,7 @@ plan's figures) rewritten every second in a directory shared by the ranks of one
 - a surviving rank that finds a peer's process gone (its watcher thread, or the SIGTERM torchrun sends
   to the survivors) prints, once: `error: rank 0 (pid 4242) died: killed by the kernel's out-of-memory
   killer, last seen at 13.3 GB resident (planned peak 5.2 GB, 11.0 GB a rank can have); ...`;
-- the launcher, `python lifeline.py [torchrun flags] train.py ...` (what run.sh runs), is torchrun itself
+- the launcher, `python -m infra.lifeline [torchrun flags] train.py ...` (what run.sh runs), is torchrun itself
   in-process: when a worker fails it ends with the same line, now with the signal torchrun saw.
 
 The kernel's own log (/dev/kmsg, readable as root) confirms an out-of-memory kill by pid when it can be
@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-import console
+from infra import console
 
 GB = 2**30
 BEAT = 1.0  # seconds between heartbeats and peer checks

@@ -50,7 +50,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 
-import faults
+from infra import faults
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 

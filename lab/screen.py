@@ -2,7 +2,7 @@
 whose samples neither all succeeded nor all failed, written as a tasks file for `train.py --tasks-file`.
 
     python evaluate.py --model runs/babyai-smollm2/warmstart --split train --allow-train-tasks --k 4 ... --out runs/screen
-    python screen.py runs/screen --out runs/pool.json
+    python -m lab.screen runs/screen --out runs/pool.json
     python train.py --preset smollm2 --model runs/babyai-smollm2/warmstart --bc-episodes 0 --tasks-file runs/pool.json
 
 Why: a GRPO group whose samples all got the same reward has zero advantage everywhere and trains nothing

@@ -2,7 +2,8 @@
 a reward curve with the ScalingInter horizon stages marked, the per-task outcomes of every in-training
 evaluation (evals.jsonl), what produced the run (provenance.jsonl: git commit, CPU, versions), a few
 episodes as the trainer saw them (episodes.jsonl: the tokens the loss trains on, the reward, each
-reply's advantage) and, at the end, the run report (report.html, runreport.py).
+reply's advantage). The run report (report.html) is the study's, drawn from these files by
+`python -m lab.report RUN_DIR` (lab/runreport.py; run.sh runs it after training): nothing here imports lab/.
 
 Only rank 0 makes a RunLog; the numbers it gets are already reduced over ranks.
 """
@@ -56,11 +57,11 @@ def trim_heap() -> float:
 
 def provenance() -> dict:
     """What produced a result: the git commit of this code, whether files git tracks had uncommitted
-    changes, the CPU and the main package versions (report.py copies it into results/)."""
+    changes, the CPU and the main package versions (lab/results.py copies it into results/)."""
     import platform
     import subprocess
 
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parent.parent
     def git(*args):
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
     try:
@@ -136,7 +137,7 @@ def memory_metrics() -> dict:
 # of mask-1 tokens is one reply, sampled tokens and end-of-turn token; mask 0 is the prompt, role
 # headers and observations), each reply's advantage (the GRPO/RLOO scalar, or for per-token
 # estimators the mean over the reply's tokens), the reward; for a browser env, a small JPEG of the
-# final page of one of them. runreport.py shows them.
+# final page of one of them. lab/runreport.py shows them.
 
 EPISODES_KEPT = 3        # episodes logged per logging step
 CONTEXT_CHARS = 2000     # a mask-0 segment (instruction, observation) longer than this is cut in its middle
@@ -256,11 +257,7 @@ class RunLog:
         if self.tb:
             self.tb.close()
         plot_rewards(self.out / "metrics.jsonl", self.out / "reward.png", self.schedule)
-        try:
-            import runreport
-            print(f"report: {runreport.write(self.out)}", flush=True)
-        except Exception as exc:  # noqa: BLE001 - a finished run never fails on its report
-            print(f"report: not written ({type(exc).__name__}: {exc}); try python report.py {self.out}", flush=True)
+        print(f"report: python -m lab.report {self.out} writes {self.out / 'report.html'}", flush=True)
 
 
 def plot_rewards(metrics_file: Path, png: Path, schedule) -> None:

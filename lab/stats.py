@@ -1,12 +1,8 @@
 """The numbers and pictures of an evaluation: unbiased Pass@k, per-subtask rows, the markdown table,
 and the sample-scaling / interaction-scaling plots (the AgentGym-RL paper's Figures 9 and 8); the
 uncertainty of a success rate over tasks and the paired task-level bootstrap of two models on the
-same tasks. Result folders (results/<name>/) and the tables regenerated from their files are in
-results.py; this file's command line makes and reads them.
-
-    python report.py --publish runs/babyai-smollm2 results/babyai-smollm2 untrained=runs/.../eval-untrained ...
-    python report.py results/babyai-smollm2          # every table of that folder, from its files only
-    python report.py runs/babyai-grpo [LABEL=EVAL_DIR ...]   # the run's report.html (runreport.py)
+same tasks; and evaluate.py's output files read back as records. Result folders (results/<name>/) and the
+tables regenerated from their files are in lab/results.py; lab/report.py is the command line.
 
 Pure functions of episode records, dicts with task_id, subtask, budget, reward, success, turns, end;
 evaluate.py produces them and calls these. docs/evaluation.md says why the intervals are paired and
@@ -16,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -258,53 +253,29 @@ def paired_table(runs: list[tuple[str, list[dict]]], resamples: int = 10_000, se
     return lines
 
 
-USAGE = """usage:
-  python report.py results/NAME                      the tables of a result folder, from its files only
-  python report.py results/A results/B ...           one recipe's seeds: each paired difference per seed, the mean
-  python report.py --publish RUN_DIR results/NAME [LABEL=EVAL_DIR ...]
-                                                     make a result folder (RUN_DIR: train.py's --out, or -)
-  python report.py RUN_DIR [LABEL=EVAL_DIR ...]     RUN_DIR/report.html: curves, tables, episodes (runreport.py)
-  python report.py LABEL=EVAL_DIR [LABEL=EVAL_DIR ...]   before/after table of evaluate.py outputs"""
+# ------------------------------------------------------------------ evaluate.py's outputs, read back
+
+def load_transcripts(path: Path, k: int) -> tuple[list[dict], bool]:
+    """Records of finished (task, budget) pairs (k samples each) and whether the file needs rewriting:
+    an interrupted write can leave a cut last line, which the next append would run into."""
+    if not path.exists():
+        return [], False
+    text = path.read_text()
+    latest, lines = {}, 0
+    for line in filter(str.strip, text.split("\n")):
+        lines += 1
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        latest[(r["task_id"], r["budget"], r["sample"])] = r
+    records = [r for rs in pairs(list(latest.values())).values() if len(rs) >= k for r in rs]
+    return records, len(records) != lines or not text.endswith("\n")
 
 
 def load_evals(dirs: list[tuple[str, Path]]) -> tuple[list[tuple[str, dict]], list[tuple[str, list[dict]]]]:
     """(label, results.json) and (label, episode records) of evaluate.py output directories."""
-    from evaluate import load_transcripts
-
     results = [(label, json.loads((d / "results.json").read_text())) for label, d in dirs]
     records = [(label, load_transcripts(d / "transcripts.jsonl", r["config"]["k"])[0])
                for (label, d), (_, r) in zip(dirs, results)]
     return results, records
-
-
-def main(args: list[str]) -> None:
-    if any(a in ("-h", "--help") for a in args) or not args:
-        raise SystemExit(USAGE)
-    if args[0] == "--publish":
-        from results import publish
-        if len(args) < 3 or any("=" not in a for a in args[3:]):
-            raise SystemExit(USAGE)
-        evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in args[3:])]
-        print(publish(None if args[1] == "-" else Path(args[1]), Path(args[2]), evals), end="")
-    elif "=" not in args[0] and (Path(args[0]) / "metrics.jsonl").exists() and all("=" in a for a in args[1:]):
-        import runreport
-        evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in args[1:])]
-        print(f"report: {runreport.write(Path(args[0]), evals)}")
-    elif len(args) > 1 and all((Path(a) / "manifest.json").exists() for a in args):
-        from results import seeds_table  # one recipe's result folders, one per seed
-        print(seeds_table([Path(a) for a in args]), end="")
-    elif len(args) == 1 and "=" not in args[0]:
-        if not (Path(args[0]) / "manifest.json").exists():
-            raise SystemExit(f"error: {args[0]} has no manifest.json: not a result folder (make one with --publish); "
-                             "nor a run directory (no metrics.jsonl)")
-        from results import render
-        print(render(Path(args[0])), end="")
-    elif all("=" in a for a in args):
-        results, records = load_evals([(label, Path(d)) for label, d in (a.split("=", 1) for a in args)])
-        print("\n".join([compare(results), *paired_table(records)]))
-    else:
-        raise SystemExit(USAGE)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

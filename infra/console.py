@@ -1,5 +1,5 @@
 """What a run shows on the console: its own lines. At start a short summary of the config (the whole
-config is RUN_DIR/config.json); under the launcher (`python lifeline.py ... train.py`, what run.sh
+config is RUN_DIR/config.json); under the launcher (`python -m infra.lifeline ... train.py`, what run.sh
 runs), the known harmless warnings of other packages left out.
 
 A first `bash run.sh train --env textcraft --steps 20` printed 28 lines, and 19 of them came from other

@@ -134,7 +134,7 @@ def model_config(name: str) -> dict:
     if name == "smollm2":
         return BUILTIN["smollm2-135m"]
     if name == "tiny":
-        import tiny
+        from models import tiny
         return dict(tiny.MODEL, vocab_size=tiny.VOCAB_SIZE, model_type="qwen2")
     path = Path(name)
     if path.is_dir():
