@@ -23,7 +23,7 @@ import psutil
 import pytest
 from transformers import AutoTokenizer
 
-import tiny
+from models import tiny
 import warmstart
 from config import Config, check
 from envs import Env, agentgym_action, make, parse_action
