@@ -65,3 +65,43 @@ def test_every_docs_page_is_linked_from_the_readme():
 def test_readme_is_a_guide_not_a_notebook():
     size = len((ROOT / "README.md").read_text())
     assert size <= 25_000, f"README.md has {size} characters; move measurements to a docs/ page"
+
+
+DEFAULT_PATH = ["train.py", "run.py", "rollout.py", "batch.py", "engine.py", "infra/distributed.py"]
+
+
+def test_the_diagram_names_functions_the_default_path_calls():
+    """Every dotted name in the README's diagram is a function of the project (module.function, or
+    Class.method of a class defined in the project), and the default training path calls it."""
+    import ast
+    import importlib
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    diagram = text[text.index("```\n") + 4:text.index("```\n", text.index("```\n") + 4)]
+    names = sorted(set(re.findall(r"\b[A-Za-z_]+(?:\.[A-Za-z_]+)+\b", diagram)))
+    assert len(names) >= 10, names
+    called = set()
+    for file in DEFAULT_PATH:
+        for node in ast.walk(ast.parse((ROOT / file).read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called.add(f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None))
+    classes = {}
+    for path in [*ROOT.glob("*.py"), *ROOT.glob("infra/*.py"), ROOT / "envs" / "__init__.py"]:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                classes[node.name] = (path, {n.name for n in node.body if isinstance(n, ast.FunctionDef)})
+    problems = []
+    for name in names:
+        head, *rest = name.split(".")
+        if head[0].isupper():
+            if head not in classes or rest[0] not in classes[head][1]:
+                problems.append(f"{name}: no class {head} with a method {rest[0]} in the project")
+        else:
+            module = next((m for m in (head, f"infra.{head}") if (ROOT / (m.replace(".", "/") + ".py")).exists()), None)
+            if module is None or not callable(getattr(importlib.import_module(module), rest[0], None)):
+                problems.append(f"{name}: not a function of the project")
+        if rest[-1] not in called:
+            problems.append(f"{name}: the default path ({', '.join(DEFAULT_PATH)}) never calls {rest[-1]}")
+    assert not problems, "\n".join(problems)
