@@ -359,6 +359,12 @@ def check(cfg: Config, world: int) -> str | None:
         return f"--env-options is not a JSON object ({exc.msg}); e.g. --env-options '{{\"max_distractors\": 5}}'"
     if not isinstance(options, dict):
         return "--env-options must be a JSON object, e.g. '{\"max_distractors\": 5}'"
+    if cfg.env == "sciworld" and "task_types" in options:  # refused here, before a JVM or a model starts
+        from envs.sciworld import chosen_kinds
+        try:
+            chosen_kinds(options["task_types"], options.get("task_set", "all"))
+        except ValueError as exc:
+            return f"--env-options: {exc}"
     if cfg.eval_every and cfg.env == "webarena" and options.get("configs"):  # found out only after loading otherwise
         return ("--eval-every evaluates on the validation split, and the real WebArena configs are one evaluation "
                 "set without one; set --eval-every 0 and evaluate with evaluate.py")

@@ -3,7 +3,8 @@
 - the simulator's own gold action sequence, replayed through our step(), reaches score 100 on
   variation 0 of every task type (the two Mendelian genetics types are marked slow: building and
   replaying their gold paths costs ~40 s of CPU each);
-- the hard-coded split table agrees with the simulator's official train/dev/test variations;
+- the hard-coded split table agrees with the simulator's official train/dev/test variations, and the
+  `task_types` option keeps exactly the chosen types' variations of each split;
 - a few thousand adversarial replies never raise, always return (str, float, bool), leave the JVM alive;
 - a hung JVM (SIGSTOP) and a killed JVM end the episode with the `crashed` flag; after a kill the
   next reset starts a fresh JVM and works;
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -27,7 +29,7 @@ import tiny
 import warmstart
 from config import Config, check
 from envs import Env, agentgym_action, make, parse_action
-from envs.sciworld import NUM_TASKS, OFFSETS, TASK_TYPES, SciWorld
+from envs.sciworld import CODES, NUM_TASKS, OFFSETS, TASK_TYPES, SciWorld, chosen_kinds, split_ids
 from rollout import ChatFormat
 from tests.adversarial import adversarial_replies
 from tests.faulty import JVMKilledAtExpert
@@ -53,6 +55,32 @@ def test_protocol_and_splits(env):
     assert env.locate(OFFSETS[4] + 3) == ("use-thermometer", 3)
     with pytest.raises(ValueError):
         env.tasks("validation")
+
+
+def test_task_types_keep_their_official_splits():
+    """`task_types` narrows tasks(split) to the official variations of the chosen types, counted as in
+    TASK_TYPES, within the task set; an unknown code (or one the task set leaves out) is refused in one line."""
+    codes = ["7-3", "4-1", "3-1"]
+    kinds = chosen_kinds(codes)
+    assert [CODES[k] for k in kinds] == ["3-1", "4-1", "7-3"]  # the simulator's order, whatever the order given
+    assert chosen_kinds("4-1, 7-3,3-1") == kinds == chosen_kinds(codes, "agentgym")
+    for column, split in enumerate(("train", "val", "test")):
+        ids = split_ids(split, kinds)
+        assert len(ids) == sum(TASK_TYPES[k][3 + column] for k in kinds) == len(set(ids))
+        for k in kinds:
+            mine = [t for t in ids if OFFSETS[k] <= t < OFFSETS[k] + sum(TASK_TYPES[k][3:])]
+            assert len(mine) == TASK_TYPES[k][3 + column]
+    assert split_ids("dev", kinds) == split_ids("val", kinds)
+    assert len(split_ids("test", chosen_kinds(None, "agentgym"))) == 1171  # the paper's 23 types, as before
+    for bad, needle in ((["4-9"], "unknown SciWorld task_types ['4-9']; valid codes: 1-1, 1-2"),
+                        ("4-1,41", "unknown SciWorld task_types ['41']"), ([], "task_types is empty")):
+        with pytest.raises(ValueError, match=re.escape(needle)) as info:
+            chosen_kinds(bad)
+        assert "\n" not in str(info.value) and "10-2" in str(info.value)
+    with pytest.raises(ValueError, match=r"\['5-1'\] are not in task_set 'agentgym'"):
+        chosen_kinds(["4-1", "5-1"], "agentgym")
+    problem = check(Config(env="sciworld", env_options='{"task_types": ["4-1", "4-5"]}'), 1)
+    assert problem.startswith("--env-options: unknown SciWorld task_types ['4-5']; valid codes:")
 
 
 def test_first_observation_and_bad_replies(env):
