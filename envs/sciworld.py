@@ -23,8 +23,10 @@ Engineering departures from `scienceworld.ScienceWorldEnv` (same simulator, same
 
 Task types (`task_types`, e.g. `["4-1", "7-2"]`, codes as in TASK_TYPES): `tasks(split)` keeps the official
 train/dev/test variations of those types only, within the task set (an unknown code, or one the task set
-leaves out, is refused with the valid codes). Task ids stay those of all 7207 tasks. config.smollm2's
-SciWorld recipe keeps the seven short types 4-1..4-4 and 7-1..7-3.
+leaves out, is refused with the valid codes), round-robin over the types so that a prefix of a split
+(train.py's first --eval-tasks validation tasks, evaluate.py's --limit) holds every chosen type. Task ids
+stay those of all 7207 tasks. config.smollm2's SciWorld recipe keeps the seven short types 4-1..4-4 and
+7-1..7-3.
 
 Paper task set (`task_set="agentgym"`): the 23 task types of AgentGym's server (it left out 5-1, 5-2,
 9-1, 9-2, 9-3, 10-1, 10-2), no 'check valid actions' command (the instruction does not offer it and the
@@ -133,16 +135,20 @@ def chosen_kinds(task_types: list[str] | str | None, task_set: str = "all") -> l
     return [k for k in allowed if CODES[k] in codes]
 
 
-def split_ids(split: str, kinds: list[int]) -> list[int]:
-    """Task ids of the official `split` variations of the task types `kinds` (indices into TASK_TYPES)."""
+def split_ids(split: str, kinds: list[int], interleave: bool = False) -> list[int]:
+    """Task ids of the official `split` variations of the task types `kinds` (indices into TASK_TYPES):
+    type after type, or with `interleave` round-robin over the types (the first variation of each, then
+    the second, ...), so that any prefix of the list holds every type."""
     column = {"train": 0, "dev": 1, "val": 1, "test": 2}.get(split)  # "val": the official dev split
     if column is None:
         raise ValueError(f"SciWorld has splits 'train', 'dev' (also called 'val') and 'test', not {split!r}")
-    ids = []
+    ranges = []
     for kind in kinds:
         start = OFFSETS[kind] + sum(TASK_TYPES[kind][3:3 + column])
-        ids.extend(range(start, start + TASK_TYPES[kind][3 + column]))
-    return ids
+        ranges.append(range(start, start + TASK_TYPES[kind][3 + column]))
+    if not interleave:
+        return [t for r in ranges for t in r]
+    return [t for row in itertools.zip_longest(*ranges) for t in row if t is not None]
 
 
 def agentgym_task(n: int) -> int:
@@ -239,6 +245,7 @@ class SciWorld:
             raise ValueError(f"unknown SciWorld parser {parser!r}; choose 'ours' or 'agentgym'")
         self.task_set, self.parser = task_set, parser
         self.paper = task_set == "agentgym"
+        self.task_types = task_types             # None: every type of the task set
         self.kinds = chosen_kinds(task_types, task_set)  # indices into TASK_TYPES that tasks(split) draws from
         self.instruction = PAPER_INSTRUCTION if self.paper else INSTRUCTION
         self.step_limit = step_limit            # the simulator's move limit, as envStepLimit in ScienceWorldEnv
@@ -259,7 +266,9 @@ class SciWorld:
 
     # -- task metadata
     def tasks(self, split: str) -> list[int]:
-        return split_ids(split, self.kinds)
+        # Chosen task types come round-robin, so a prefix (train.py's --eval-tasks, evaluate.py's --limit)
+        # holds every one of them, as MiniWoB's splits do; all types stay in the simulator's order.
+        return split_ids(split, self.kinds, interleave=self.task_types is not None)
 
     def locate(self, task_id: int) -> tuple[str, int]:
         """(simulator task name, variation) of a task id."""

@@ -67,10 +67,11 @@ def test_task_types_keep_their_official_splits():
     for column, split in enumerate(("train", "val", "test")):
         ids = split_ids(split, kinds)
         assert len(ids) == sum(TASK_TYPES[k][3 + column] for k in kinds) == len(set(ids))
-        for k in kinds:
-            mine = [t for t in ids if OFFSETS[k] <= t < OFFSETS[k] + sum(TASK_TYPES[k][3:])]
-            assert len(mine) == TASK_TYPES[k][3 + column]
+        assert [sum(kind_of(t) == k for t in ids) for k in kinds] == [TASK_TYPES[k][3 + column] for k in kinds]
     assert split_ids("dev", kinds) == split_ids("val", kinds)
+    mixed = split_ids("test", kinds, interleave=True)  # what tasks(split) returns when task_types is given
+    assert sorted(mixed) == split_ids("test", kinds)
+    assert [kind_of(t) for t in mixed[:6]] == [7, 11, 22] * 2  # round-robin: any prefix holds every type
     assert len(split_ids("test", chosen_kinds(None, "agentgym"))) == 1171  # the paper's 23 types, as before
     for bad, needle in ((["4-9"], "unknown SciWorld task_types ['4-9']; valid codes: 1-1, 1-2"),
                         ("4-1,41", "unknown SciWorld task_types ['41']"), ([], "task_types is empty")):
@@ -81,6 +82,10 @@ def test_task_types_keep_their_official_splits():
         chosen_kinds(["4-1", "5-1"], "agentgym")
     problem = check(Config(env="sciworld", env_options='{"task_types": ["4-1", "4-5"]}'), 1)
     assert problem.startswith("--env-options: unknown SciWorld task_types ['4-5']; valid codes:")
+
+
+def kind_of(task_id: int) -> int:
+    return max(k for k, offset in enumerate(OFFSETS) if offset <= task_id)
 
 
 def test_first_observation_and_bad_replies(env):
