@@ -9,6 +9,8 @@
 - a hung JVM (SIGSTOP) and a killed JVM end the episode with the `crashed` flag; after a kill the
   next reset starts a fresh JVM and works;
 - missing Java is reported at construction with what to install;
+- the SmolLM2 recipe (`config.smollm2("sciworld")`): valid, its env options keep the seven short task
+  types' splits, and the longest expert episodes of those types fit its turns, context and reply cap;
 - the expert (`SciWorld.expert()`): its replies parse with the env's parsers and, stepped, reach success
   on train variations of short task types; a plain reset builds no gold path; asked mid-episode it keeps
   the episode's state; `warmstart.expert_episode` records it token-exactly; a gold path the simulator
@@ -16,6 +18,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 import signal
@@ -25,12 +29,15 @@ import psutil
 import pytest
 from transformers import AutoTokenizer
 
+import config
+import schedule as schedules
 import tiny
 import warmstart
 from config import Config, check
 from envs import Env, agentgym_action, make, parse_action
 from envs.sciworld import CODES, NUM_TASKS, OFFSETS, TASK_TYPES, SciWorld, chosen_kinds, split_ids
 from rollout import ChatFormat
+from smollm2 import smollm2_dir
 from tests.adversarial import adversarial_replies
 from tests.faulty import JVMKilledAtExpert
 
@@ -266,6 +273,51 @@ def test_expert_episode_is_a_successful_token_exact_demonstration(env):
     assert 0 < sum(ep.mask) < len(ep.mask)  # the observations in between are not
     observations = chat.tok.decode([t for t, m in zip(generated, ep.mask) if not m])
     assert "You move to the" in observations
+
+
+# -- the SmolLM2 recipe (config.smollm2("sciworld")): the seven short task types
+
+# The longest expert episodes with SmolLM2's template among all 786 train variations of the recipe's
+# types (measured by playing every one: 590-1,462 tokens, 1-16 turns, all successful): find-plant 40 is
+# the longest (1,462 tokens), find-living-thing 141 one of the 16-turn ones, find-non-living-thing 82 the
+# longest of its type, lifespan 7-3 variation 42 the longest lifespan one.
+LONGEST_EXPERT = [("find-plant", 40), ("find-living-thing", 141), ("find-non-living-thing", 82),
+                  ("lifespan-longest-lived-then-shortest-lived", 42)]
+RECIPE_TYPES = {"find-living-thing", "find-non-living-thing", "find-plant", "find-animal", "lifespan-longest-lived",
+                "lifespan-shortest-lived", "lifespan-longest-lived-then-shortest-lived"}
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    cfg = config.parse(["--env", "sciworld", "--model", "smollm2"])  # --model smollm2 picks the preset
+    env = make("sciworld", **json.loads(cfg.env_options))  # a JVM with the recipe's own heap options
+    yield cfg, env
+    env.close()
+
+
+def test_smollm2_recipe_is_valid_and_restricts_the_tasks(recipe):
+    cfg, env = recipe
+    assert cfg.preset == "smollm2" and dataclasses.replace(cfg, preset="") == config.smollm2("sciworld")
+    assert check(cfg, 2) is None and cfg.model == "smollm2" and cfg.bc_episodes > 0 and cfg.eval_every > 0
+    assert [len(env.tasks(split)) for split in ("train", "val", "test")] == [786, 393, 396]  # test: >= 200 tasks
+    for split in ("train", "val", "test"):
+        assert {env.subtask(t).split("/")[1] for t in env.tasks(split)} == RECIPE_TYPES
+    # in-training evaluation plays the first eval_tasks validation tasks: every type is among them
+    assert {env.subtask(t).split("/")[1] for t in env.tasks("val")[:cfg.eval_tasks]} == RECIPE_TYPES
+
+
+@pytest.mark.parametrize("name,variation", LONGEST_EXPERT)
+def test_smollm2_recipe_holds_the_longest_expert_episodes(recipe, name, variation):
+    """The warm start's demonstrations fit the recipe: the expert succeeds within the schedule's largest
+    turn budget (the warm start's), the whole episode within max_context, every reply within max_tokens."""
+    cfg, env = recipe
+    tok = AutoTokenizer.from_pretrained(smollm2_dir())
+    chat = ChatFormat(tok)
+    turns = max(schedules.parse(cfg.horizon).budgets)
+    ep = warmstart.expert_episode(env, chat, _task(name, variation), max_turns=turns, max_context=cfg.max_context)
+    assert ep.success and ep.end == "done" and len(ep.ids) <= cfg.max_context, (ep.end, ep.turns, len(ep.ids))
+    replies = [m["content"] for m in ep.messages if m["role"] == "assistant"]
+    assert max(len(chat.encode(r)) + 1 for r in replies) <= cfg.max_tokens  # + its end-of-turn token
 
 
 def test_a_gold_path_the_simulator_cannot_build_is_one_failed_demonstration():
