@@ -158,10 +158,12 @@ def smollm2(env: str | None = None) -> Config:
     train.py took 23 minutes on 2 cores (README, Results).
 
     `--env miniwob`: the same recipe on the ten MiniWoB++ pages that envs/miniwob_expert.py solves (see
-    `miniwob_recipe`)."""
+    `miniwob_recipe`); `--env sciworld`: on SciWorld's seven shortest task types (`sciworld_recipe`)."""
     env = env or "babyai"
     if env == "miniwob":
         return miniwob_recipe()
+    if env == "sciworld":
+        return sciworld_recipe()
     from envs import env_class
     demos = 400 if hasattr(env_class(env), "expert") else 0  # an env without an expert: RL alone
     return Config(env=env, env_options='{"brief": true}' if env == "babyai" else "{}", model="smollm2", algo="grpo",
@@ -189,6 +191,42 @@ def miniwob_recipe() -> Config:
                   max_context=2048, temperature=1.0, lr=5e-5, kl_coef=0.0, micro_tokens=2048, checkpointing=False,
                   train_layers=10, eval_every=7, eval_tasks=40, bc_episodes=120, bc_epochs=1, bc_lr=1e-4, bc_batch=4,
                   out="runs/{env}-smollm2")
+
+
+SCIWORLD_TYPES = ["4-1", "4-2", "4-3", "4-4", "7-1", "7-2", "7-3"]  # find living/non-living/plant/animal, lifespans
+SCIWORLD_JVM = ["-Xmx256m", "-Xms96m", "-Xmn48m", "-XX:+UseSerialGC"]  # ~175 MB a JVM instead of ~470 MB
+
+
+def sciworld_recipe() -> Config:
+    """SmolLM2 on SciWorld on 2 CPU cores: the seven task types whose whole expert episode fits a small
+    model's budget, a warm start on the simulator's gold paths, then GRPO under ScalingInter 10 -> 16 turns.
+
+    Task types 4-1..4-4 (find a living / non-living thing, a plant, an animal) and 7-1..7-3 (the longest-,
+    shortest-lived animal, both): their gold paths take 1-16 actions, and a whole expert episode is
+    590-1,462 tokens with SmolLM2's template (all 786 train variations played; the instruction alone is
+    550-620), so one fits max_context 2048 with room for a wandering policy. Every other type but 3-1
+    needs 21 turns and 2,000 tokens or more; 3-1 fits but has 5 variations a split. The seven types' test
+    splits hold 396 tasks (at least 200 for the final tables); train 786, validation 393.
+
+    The schedule scales the paper's SciWorld stages (10, 20, 30 turns, equal stages of 100 steps) to these
+    paths: 10 turns, where the expert finishes 58% of the train tasks (every non-living thing and lifespan
+    task, about 28% of the other three finds), then 16, where it finishes every one; two equal stages of 4
+    steps. The reward is the simulator's score / 100, with partial credit along the path, so episodes cut
+    off at 10 turns still differ within their group. Replies are capped at 48 tokens (a ReAct thought and
+    one action; the expert's take 22-37). Each JVM gets a 256 MB heap (about 175 MB resident instead of
+    470 at the env's 512 MB default): the batch's 32 episodes run in 32 JVMs beside the two ranks.
+
+    Sized from a measured run (Intel Xeon, 2 cores shared with other work, docs/environments.md): expert
+    demonstrations cost about 5 s each (1 s to play, 4 s to imitate), so 112 of them (7 optimizer steps of
+    8 per rank) take about 9-10 minutes; a GRPO step took 170 s at 10 turns and 280 s at 16, a validation
+    pass 150-175 s. 8 steps, evaluated before RL and at the end, make about 46 minutes of train.py.
+    Otherwise the BabyAI recipe: its learning rates, the top 15 blocks trained, no KL. Validation: the first
+    32 of the 393 validation tasks (round-robin over the seven types), one pass of each rank's env pool."""
+    return Config(env="sciworld", env_options=json.dumps({"task_types": SCIWORLD_TYPES, "java_opts": SCIWORLD_JVM}),
+                  model="smollm2", algo="grpo", steps=8, tasks_per_step=8, samples_per_task=4, horizon="10,16@4",
+                  max_tokens=48, max_context=2048, temperature=1.0, lr=3e-5, kl_coef=0.0, micro_tokens=2048,
+                  checkpointing=False, train_layers=15, eval_every=8, eval_tasks=32, bc_episodes=112, bc_epochs=1,
+                  bc_lr=1e-4, bc_batch=8, out="runs/{env}-smollm2")
 
 
 PAPER_TURNS = {  # env: (ScalingInter stages, stage length, tokens per turn, tasks, samples) from the paper
@@ -359,6 +397,12 @@ def check(cfg: Config, world: int) -> str | None:
         return f"--env-options is not a JSON object ({exc.msg}); e.g. --env-options '{{\"max_distractors\": 5}}'"
     if not isinstance(options, dict):
         return "--env-options must be a JSON object, e.g. '{\"max_distractors\": 5}'"
+    if cfg.env == "sciworld" and "task_types" in options:  # refused here, before a JVM or a model starts
+        from envs.sciworld import chosen_kinds
+        try:
+            chosen_kinds(options["task_types"], options.get("task_set", "all"))
+        except ValueError as exc:
+            return f"--env-options: {exc}"
     if cfg.eval_every and cfg.env == "webarena" and options.get("configs"):  # found out only after loading otherwise
         return ("--eval-every evaluates on the validation split, and the real WebArena configs are one evaluation "
                 "set without one; set --eval-every 0 and evaluate with evaluate.py")

@@ -21,6 +21,13 @@ Engineering departures from `scienceworld.ScienceWorldEnv` (same simulator, same
   paper's agent could not; the simulator's own move limit is an option (`step_limit`, default 100
   moves as in ScienceWorldEnv).
 
+Task types (`task_types`, e.g. `["4-1", "7-2"]`, codes as in TASK_TYPES): `tasks(split)` keeps the official
+train/dev/test variations of those types only, within the task set (an unknown code, or one the task set
+leaves out, is refused with the valid codes), round-robin over the types so that a prefix of a split
+(train.py's first --eval-tasks validation tasks, evaluate.py's --limit) holds every chosen type. Task ids
+stay those of all 7207 tasks. config.smollm2's SciWorld recipe keeps the seven short types 4-1..4-4 and
+7-1..7-3.
+
 Paper task set (`task_set="agentgym"`): the 23 task types of AgentGym's server (it left out 5-1, 5-2,
 9-1, 9-2, 9-3, 10-1, 10-2), no 'check valid actions' command (the instruction does not offer it and the
 simulator answers it as an unknown action), and `tasks(split)` keeps the official train/dev/test
@@ -106,6 +113,42 @@ AGENTGYM_SKIPPED = ("5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2")
 AGENTGYM_TYPES = [k for k, row in enumerate(TASK_TYPES) if row[0] not in AGENTGYM_SKIPPED]
 AGENTGYM_NUM_TASKS = sum(SIZES[k] for k in AGENTGYM_TYPES)  # 4,639
 TASK_SETS = ("all", "agentgym")
+CODES = [row[0] for row in TASK_TYPES]
+
+
+def chosen_kinds(task_types: list[str] | str | None, task_set: str = "all") -> list[int]:
+    """Indices into TASK_TYPES of the task types `tasks(split)` draws from, in the simulator's order: those
+    of `task_set`, narrowed to the codes of `task_types` (a list such as ["4-1", "7-2"], or one
+    comma-separated string) when it is given. An unknown code, or one its task set leaves out, raises."""
+    allowed = AGENTGYM_TYPES if task_set == "agentgym" else list(range(len(TASK_TYPES)))
+    if task_types is None:
+        return allowed
+    codes = [c.strip() for c in task_types.split(",")] if isinstance(task_types, str) else list(task_types)
+    unknown = [c for c in codes if c not in CODES]
+    if unknown or not codes:
+        what = f"unknown SciWorld task_types {unknown}" if unknown else "SciWorld task_types is empty"
+        raise ValueError(f"{what}; valid codes: {', '.join(CODES)}")
+    outside = [c for c in codes if CODES.index(c) not in allowed]
+    if outside:
+        raise ValueError(f"SciWorld task_types {outside} are not in task_set {task_set!r} (AgentGym's server left out "
+                         f"{', '.join(AGENTGYM_SKIPPED)}); drop them or use task_set 'all'")
+    return [k for k in allowed if CODES[k] in codes]
+
+
+def split_ids(split: str, kinds: list[int], interleave: bool = False) -> list[int]:
+    """Task ids of the official `split` variations of the task types `kinds` (indices into TASK_TYPES):
+    type after type, or with `interleave` round-robin over the types (the first variation of each, then
+    the second, ...), so that any prefix of the list holds every type."""
+    column = {"train": 0, "dev": 1, "val": 1, "test": 2}.get(split)  # "val": the official dev split
+    if column is None:
+        raise ValueError(f"SciWorld has splits 'train', 'dev' (also called 'val') and 'test', not {split!r}")
+    ranges = []
+    for kind in kinds:
+        start = OFFSETS[kind] + sum(TASK_TYPES[kind][3:3 + column])
+        ranges.append(range(start, start + TASK_TYPES[kind][3 + column]))
+    if not interleave:
+        return [t for r in ranges for t in r]
+    return [t for row in itertools.zip_longest(*ranges) for t in row if t is not None]
 
 
 def agentgym_task(n: int) -> int:
@@ -193,7 +236,8 @@ class SciWorld:
 
     def __init__(self, step_limit: int = 100, java: str | None = None,
                  java_opts: tuple[str, ...] = ("-Xmx512m", "-XX:+UseSerialGC"), timeout: float = 60.0,
-                 simplifications: str = "", task_set: str = "all", parser: str = "ours"):
+                 simplifications: str = "", task_set: str = "all", parser: str = "ours",
+                 task_types: list[str] | str | None = None):
         if task_set not in TASK_SETS:
             raise ValueError(f"unknown SciWorld task_set {task_set!r}; choose 'all' (30 task types) or 'agentgym' "
                              "(the paper's 23, without 'check valid actions')")
@@ -201,6 +245,8 @@ class SciWorld:
             raise ValueError(f"unknown SciWorld parser {parser!r}; choose 'ours' or 'agentgym'")
         self.task_set, self.parser = task_set, parser
         self.paper = task_set == "agentgym"
+        self.task_types = task_types             # None: every type of the task set
+        self.kinds = chosen_kinds(task_types, task_set)  # indices into TASK_TYPES that tasks(split) draws from
         self.instruction = PAPER_INSTRUCTION if self.paper else INSTRUCTION
         self.step_limit = step_limit            # the simulator's move limit, as envStepLimit in ScienceWorldEnv
         self.java = find_java(java)             # fail at construction, with what to install
@@ -220,16 +266,9 @@ class SciWorld:
 
     # -- task metadata
     def tasks(self, split: str) -> list[int]:
-        column = {"train": 0, "dev": 1, "val": 1, "test": 2}.get(split)  # "val": the official dev split
-        if column is None:
-            raise ValueError(f"SciWorld has splits 'train', 'dev' (also called 'val') and 'test', not {split!r}")
-        ids = []
-        for kind, (offset, row) in enumerate(zip(OFFSETS, TASK_TYPES)):
-            if self.paper and kind not in AGENTGYM_TYPES:
-                continue
-            start = offset + sum(row[3:3 + column])
-            ids.extend(range(start, start + row[3 + column]))
-        return ids
+        # Chosen task types come round-robin, so a prefix (train.py's --eval-tasks, evaluate.py's --limit)
+        # holds every one of them, as MiniWoB's splits do; all types stay in the simulator's order.
+        return split_ids(split, self.kinds, interleave=self.task_types is not None)
 
     def locate(self, task_id: int) -> tuple[str, int]:
         """(simulator task name, variation) of a task id."""

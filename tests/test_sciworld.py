@@ -3,11 +3,14 @@
 - the simulator's own gold action sequence, replayed through our step(), reaches score 100 on
   variation 0 of every task type (the two Mendelian genetics types are marked slow: building and
   replaying their gold paths costs ~40 s of CPU each);
-- the hard-coded split table agrees with the simulator's official train/dev/test variations;
+- the hard-coded split table agrees with the simulator's official train/dev/test variations, and the
+  `task_types` option keeps exactly the chosen types' variations of each split;
 - a few thousand adversarial replies never raise, always return (str, float, bool), leave the JVM alive;
 - a hung JVM (SIGSTOP) and a killed JVM end the episode with the `crashed` flag; after a kill the
   next reset starts a fresh JVM and works;
 - missing Java is reported at construction with what to install;
+- the SmolLM2 recipe (`config.smollm2("sciworld")`): valid, its env options keep the seven short task
+  types' splits, and the longest expert episodes of those types fit its turns, context and reply cap;
 - the expert (`SciWorld.expert()`): its replies parse with the env's parsers and, stepped, reach success
   on train variations of short task types; a plain reset builds no gold path; asked mid-episode it keeps
   the episode's state; `warmstart.expert_episode` records it token-exactly; a gold path the simulator
@@ -15,7 +18,10 @@
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import re
 import signal
 import time
 
@@ -23,12 +29,15 @@ import psutil
 import pytest
 from transformers import AutoTokenizer
 
+import config
+import schedule as schedules
 from models import tiny
 import warmstart
 from config import Config, check
 from envs import Env, agentgym_action, make, parse_action
-from envs.sciworld import NUM_TASKS, OFFSETS, TASK_TYPES, SciWorld
+from envs.sciworld import CODES, NUM_TASKS, OFFSETS, TASK_TYPES, SciWorld, chosen_kinds, split_ids
 from rollout import ChatFormat
+from models.smollm2 import smollm2_dir
 from tests.adversarial import adversarial_replies
 from tests.faulty import JVMKilledAtExpert
 
@@ -53,6 +62,37 @@ def test_protocol_and_splits(env):
     assert env.locate(OFFSETS[4] + 3) == ("use-thermometer", 3)
     with pytest.raises(ValueError):
         env.tasks("validation")
+
+
+def test_task_types_keep_their_official_splits():
+    """`task_types` narrows tasks(split) to the official variations of the chosen types, counted as in
+    TASK_TYPES, within the task set; an unknown code (or one the task set leaves out) is refused in one line."""
+    codes = ["7-3", "4-1", "3-1"]
+    kinds = chosen_kinds(codes)
+    assert [CODES[k] for k in kinds] == ["3-1", "4-1", "7-3"]  # the simulator's order, whatever the order given
+    assert chosen_kinds("4-1, 7-3,3-1") == kinds == chosen_kinds(codes, "agentgym")
+    for column, split in enumerate(("train", "val", "test")):
+        ids = split_ids(split, kinds)
+        assert len(ids) == sum(TASK_TYPES[k][3 + column] for k in kinds) == len(set(ids))
+        assert [sum(kind_of(t) == k for t in ids) for k in kinds] == [TASK_TYPES[k][3 + column] for k in kinds]
+    assert split_ids("dev", kinds) == split_ids("val", kinds)
+    mixed = split_ids("test", kinds, interleave=True)  # what tasks(split) returns when task_types is given
+    assert sorted(mixed) == split_ids("test", kinds)
+    assert [kind_of(t) for t in mixed[:6]] == [7, 11, 22] * 2  # round-robin: any prefix holds every type
+    assert len(split_ids("test", chosen_kinds(None, "agentgym"))) == 1171  # the paper's 23 types, as before
+    for bad, needle in ((["4-9"], "unknown SciWorld task_types ['4-9']; valid codes: 1-1, 1-2"),
+                        ("4-1,41", "unknown SciWorld task_types ['41']"), ([], "task_types is empty")):
+        with pytest.raises(ValueError, match=re.escape(needle)) as info:
+            chosen_kinds(bad)
+        assert "\n" not in str(info.value) and "10-2" in str(info.value)
+    with pytest.raises(ValueError, match=r"\['5-1'\] are not in task_set 'agentgym'"):
+        chosen_kinds(["4-1", "5-1"], "agentgym")
+    problem = check(Config(env="sciworld", env_options='{"task_types": ["4-1", "4-5"]}'), 1)
+    assert problem.startswith("--env-options: unknown SciWorld task_types ['4-5']; valid codes:")
+
+
+def kind_of(task_id: int) -> int:
+    return max(k for k, offset in enumerate(OFFSETS) if offset <= task_id)
 
 
 def test_first_observation_and_bad_replies(env):
@@ -233,6 +273,51 @@ def test_expert_episode_is_a_successful_token_exact_demonstration(env):
     assert 0 < sum(ep.mask) < len(ep.mask)  # the observations in between are not
     observations = chat.tok.decode([t for t, m in zip(generated, ep.mask) if not m])
     assert "You move to the" in observations
+
+
+# -- the SmolLM2 recipe (config.smollm2("sciworld")): the seven short task types
+
+# The longest expert episodes with SmolLM2's template among all 786 train variations of the recipe's
+# types (measured by playing every one: 590-1,462 tokens, 1-16 turns, all successful): find-plant 40 is
+# the longest (1,462 tokens), find-living-thing 141 one of the 16-turn ones, find-non-living-thing 82 the
+# longest of its type, lifespan 7-3 variation 42 the longest lifespan one.
+LONGEST_EXPERT = [("find-plant", 40), ("find-living-thing", 141), ("find-non-living-thing", 82),
+                  ("lifespan-longest-lived-then-shortest-lived", 42)]
+RECIPE_TYPES = {"find-living-thing", "find-non-living-thing", "find-plant", "find-animal", "lifespan-longest-lived",
+                "lifespan-shortest-lived", "lifespan-longest-lived-then-shortest-lived"}
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    cfg = config.parse(["--env", "sciworld", "--model", "smollm2"])  # --model smollm2 picks the preset
+    env = make("sciworld", **json.loads(cfg.env_options))  # a JVM with the recipe's own heap options
+    yield cfg, env
+    env.close()
+
+
+def test_smollm2_recipe_is_valid_and_restricts_the_tasks(recipe):
+    cfg, env = recipe
+    assert cfg.preset == "smollm2" and dataclasses.replace(cfg, preset="") == config.smollm2("sciworld")
+    assert check(cfg, 2) is None and cfg.model == "smollm2" and cfg.bc_episodes > 0 and cfg.eval_every > 0
+    assert [len(env.tasks(split)) for split in ("train", "val", "test")] == [786, 393, 396]  # test: >= 200 tasks
+    for split in ("train", "val", "test"):
+        assert {env.subtask(t).split("/")[1] for t in env.tasks(split)} == RECIPE_TYPES
+    # in-training evaluation plays the first eval_tasks validation tasks: every type is among them
+    assert {env.subtask(t).split("/")[1] for t in env.tasks("val")[:cfg.eval_tasks]} == RECIPE_TYPES
+
+
+@pytest.mark.parametrize("name,variation", LONGEST_EXPERT)
+def test_smollm2_recipe_holds_the_longest_expert_episodes(recipe, name, variation):
+    """The warm start's demonstrations fit the recipe: the expert succeeds within the schedule's largest
+    turn budget (the warm start's), the whole episode within max_context, every reply within max_tokens."""
+    cfg, env = recipe
+    tok = AutoTokenizer.from_pretrained(smollm2_dir())
+    chat = ChatFormat(tok)
+    turns = max(schedules.parse(cfg.horizon).budgets)
+    ep = warmstart.expert_episode(env, chat, _task(name, variation), max_turns=turns, max_context=cfg.max_context)
+    assert ep.success and ep.end == "done" and len(ep.ids) <= cfg.max_context, (ep.end, ep.turns, len(ep.ids))
+    replies = [m["content"] for m in ep.messages if m["role"] == "assistant"]
+    assert max(len(chat.encode(r)) + 1 for r in replies) <= cfg.max_tokens  # + its end-of-turn token
 
 
 def test_a_gold_path_the_simulator_cannot_build_is_one_failed_demonstration():
