@@ -216,17 +216,20 @@ def sciworld_recipe() -> Config:
     one action; the expert's take 22-37). Each JVM gets a 256 MB heap (about 175 MB resident instead of
     470 at the env's 512 MB default): the batch's 32 episodes run in 32 JVMs beside the two ranks.
 
-    Sized from a measured run (Intel Xeon, 2 cores shared with other work, docs/environments.md): expert
-    demonstrations cost about 5 s each (1 s to play, 4 s to imitate), so 112 of them (7 optimizer steps of
-    8 per rank) take about 9-10 minutes; a GRPO step took 170 s at 10 turns and 280 s at 16, a validation
-    pass 150-175 s. 8 steps, evaluated before RL and at the end, make about 46 minutes of train.py.
-    Otherwise the BabyAI recipe: its learning rates, the top 15 blocks trained, no KL. Validation: the first
-    32 of the 393 validation tasks (round-robin over the seven types), one pass of each rank's env pool."""
+    Sized from measured runs (Intel Xeon, 2 cores shared with other work; docs/environments.md): an expert
+    demonstration costs about 5.5 s (1 s to play, 4.5 s to imitate), so 112 take about 10 minutes, in 14
+    optimizer steps of 4 per rank (as in the MiniWoB++ recipe: twice the updates of 8 for the same tokens;
+    96 in 6 steps of 8 left a policy whose logged replies wrote no `Action:` line, 0 of 32 validation tasks,
+    mean reward -0.01; these 14 steps: 1 of 32, partial credit on 19). A GRPO step took 170 s at 10 turns and
+    280 s at 16, a validation pass 150-175 s: 8 steps, evaluated before RL and at the end, make about 47
+    minutes of train.py. Otherwise the BabyAI recipe: its learning rates, the top 15 blocks trained, no KL.
+    Validation: the first 32 of the 393 validation tasks (round-robin over the seven types), one pass of
+    each rank's env pool."""
     return Config(env="sciworld", env_options=json.dumps({"task_types": SCIWORLD_TYPES, "java_opts": SCIWORLD_JVM}),
                   model="smollm2", algo="grpo", steps=8, tasks_per_step=8, samples_per_task=4, horizon="10,16@4",
                   max_tokens=48, max_context=2048, temperature=1.0, lr=3e-5, kl_coef=0.0, micro_tokens=2048,
                   checkpointing=False, train_layers=15, eval_every=8, eval_tasks=32, bc_episodes=112, bc_epochs=1,
-                  bc_lr=1e-4, bc_batch=8, out="runs/{env}-smollm2")
+                  bc_lr=1e-4, bc_batch=4, out="runs/{env}-smollm2")
 
 
 PAPER_TURNS = {  # env: (ScalingInter stages, stage length, tokens per turn, tasks, samples) from the paper
