@@ -164,7 +164,7 @@ def quiet():
                 os.close(terminal)
         hidden = sum(p[-1].hidden for p in pumps)
         if clean and hidden:
-            print(f"console: {hidden} known harmless lines of other packages left out (console.py; "
+            print(f"console: {hidden} known harmless lines of other packages left out (infra/console.py; "
                   "AGENTGYM_CONSOLE=all shows all)", file=sys.stderr, flush=True)
 
 
