@@ -299,9 +299,7 @@ class Derived:
 
 
 def derive(cfg: Config) -> Derived:
-    import torch
-
-    device = pick_device(cfg.device, local_ranks(), torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    device = pick_device(cfg.device, local_ranks(), visible_gpus())
     return Derived(schedule=schedules.parse(cfg.horizon),
                    env_options=framings.env_options(cfg.prompt_style, cfg.env, json.loads(cfg.env_options)),
                    framing=framings.make(cfg.prompt_style, cfg.env, cfg.instructions_file),
@@ -314,6 +312,13 @@ def derive(cfg: Config) -> Derived:
 def local_ranks() -> int:
     """The ranks torchrun starts on this node (1 for a plain `python train.py`)."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+
+
+def visible_gpus() -> int:
+    """The GPUs torch sees on this node (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def pick_device(choice: str, ranks: int, gpus: int) -> str:
@@ -459,8 +464,7 @@ def check(cfg: Config, world: int) -> str | None:
     if cfg.env == "sciworld" and shutil.which("java") is None:
         return "SciWorld runs a Java simulator and no `java` is on PATH; install Java 17 (e.g. apt-get install openjdk-17-jre-headless)"
     if cfg.device == "cuda":
-        import torch
-        if problem := gpu_shortage("cuda", local_ranks(), torch.cuda.device_count() if torch.cuda.is_available() else 0):
+        if problem := gpu_shortage("cuda", local_ranks(), visible_gpus()):
             return problem
     if not 0 < cfg.gpu_memory_utilization < 1:
         return (f"--gpu-memory-utilization must be in (0, 1), got {cfg.gpu_memory_utilization}: vLLM's share of "

