@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,22 +56,32 @@ def scale(dry: bool) -> dict:
 class Phases:
     """Runs commands as named phases, logs each to <out>/<name>.log, records them in summary.json."""
 
-    def __init__(self, out: Path, timeout: int):
+    def __init__(self, out: Path, timeout: int, budget: float | None = None, reserve: float = 25):
+        # budget: the part's whole wall time; each phase gets what is left less `reserve` (for the report and the
+        # copy back), so a slow phase is cut short and recorded instead of the machine's call being killed
         self.out, self.timeout, self.rows = out, timeout, []
+        self.deadline = time.monotonic() + budget if budget else None
+        self.reserve = reserve
         self.path = out / "summary.json"
         if self.path.exists():  # part B after part A in the same folder: keep A's rows
             self.rows = json.loads(self.path.read_text())["phases"]
 
     def run(self, name: str, cmd: list, env: dict | None = None, timeout: int | None = None) -> dict:
         cmd, log = [str(c) for c in cmd], self.out / f"{name}.log"
+        timeout = timeout or self.timeout
+        if self.deadline is not None:
+            timeout = max(5, min(timeout, self.deadline - time.monotonic() - self.reserve))
         t = time.perf_counter()
         with open(log, "w") as f:
             f.write("$ " + " ".join(cmd) + "\n")
             f.flush()
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**os.environ, **(env or {})})
             try:
-                code = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout or self.timeout,
-                                      env={**os.environ, **(env or {})}).returncode
-            except subprocess.TimeoutExpired:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:  # torchrun's workers too: the whole process group goes
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
                 code = "timeout"
         row = {"phase": name, "cmd": " ".join(cmd), "seconds": round(time.perf_counter() - t, 1), "code": code,
                "tail": log.read_text(errors="replace").splitlines()[-12:]}
@@ -186,6 +197,7 @@ def part_b(out: Path, dry: bool, phases: Phases, s: dict) -> dict:
                      evaluate("warm start + GRPO", rl)])
     # 4. the paired table and the result folder
     pairs = [f"{label}={folder}" for label, folder in evals.items()]
+    phases.reserve = 5
     table = phases.run("b4-report", [sys.executable, "-m", "lab.report", *pairs])
     name = "results-dry-run" if dry else "babyai-smollm2-gpu"
     phases.run("b4-publish", [sys.executable, "-m", "lab.report", "--publish", rl, out / name, *pairs])
@@ -237,7 +249,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     s = scale(args.dry_run)
-    phases = Phases(out, s["timeout"])
+    budget = None if args.dry_run else float(os.environ.get("GPU_RUN_BUDGET", {"A": 170, "B": 460}.get(args.part, 0)) or 0)
+    phases = Phases(out, s["timeout"], budget or None)
     summary = {"device_name": device_name(args.dry_run), "dry_run": args.dry_run}
     try:
         if args.part in ("A", "all"):
