@@ -29,6 +29,18 @@ def test_converted_model_equals_the_gguf_model(converted):
     assert not hasattr(model.config, "quantization_config")  # saved as an ordinary model
 
 
+def test_the_converted_model_ends_a_turn_with_im_end(converted):
+    """The end of turn is <|im_end|> in the tokenizer, the config and the generation config, whatever the
+    installed transformers reads from the GGUF (5.17 read <|im_start|>: generation never stopped at a turn's
+    end, and ChatFormat refused the tokenizer; found on the first GPU run)."""
+    import json
+    from pathlib import Path
+    end = AutoTokenizer.from_pretrained(converted).convert_tokens_to_ids("<|im_end|>")
+    assert AutoTokenizer.from_pretrained(converted).eos_token == "<|im_end|>"
+    for name in ("config.json", "generation_config.json"):
+        assert json.loads((Path(converted) / name).read_text())["eos_token_id"] == end
+
+
 def test_chat_format_is_token_exact_with_smollm2s_template(converted):
     """Prompt, a sampled reply with its stop token, and an observation turn give exactly the tokens of
     the template rendering the whole conversation; observation text cannot inject a role header."""
