@@ -73,8 +73,11 @@ class Sampling:
 
 @dataclass
 class Sample:
-    ids: list[int]         # sampled token ids, the stop token included when generation stopped on it
-    logprobs: list[float]  # logprob of each sampled id under the generating weights
+    ids: list[int]                # sampled token ids, the stop token included when generation stopped on it
+    logprobs: list[float] | None  # logprob of each sampled id under the generating weights (None: an expert's)
+    text: str | None = None       # the reply as written, when the actor writes text (the expert); else decoded
+    end: str = ""                 # set when the actor could not reply: the episode ends so ("expert_error", ...)
+    error: str = ""
 
 
 def stop_ids(tokenizer_or_dir, model_dir: str | None = None) -> tuple[int, ...]:

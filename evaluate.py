@@ -319,7 +319,7 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
     from transformers import AutoTokenizer
 
     from engine import make_engine
-    from rollout import ChatFormat, abandoned, rollout
+    from rollout import ChatFormat, Play, abandoned, rollout
     from models import resolve_model as build
 
     if rank == 0:  # rank 0 builds the tiny model (or converts SmolLM2) once; the others wait
@@ -341,8 +341,9 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
             budget, ids = chunks[first + rank]
             plan = [(t, g) for g, t in enumerate(ids) for _ in range(cfg.k)]
             seed = cfg.seed * 1_000_003 + budget * 10_007 + ids[0]  # a function of the chunk, not of the rank
-            episodes, _ = rollout(engine, chat, pool, make_env, plan, budget, d.max_tokens, cfg.max_context,
-                                  d.temperature, cfg.top_p, seed, threads, d.framing, cfg.env_timeout or None)
+            play = Play(budget, d.max_tokens, cfg.max_context, d.temperature, cfg.top_p, seed, d.framing,
+                        cfg.env_timeout or None)
+            episodes, _ = rollout(engine, chat, pool, make_env, plan, play, threads)
             rows = [{"task_id": e.task_id, "subtask": pool[0].subtask(e.task_id), "sample": i % cfg.k,
                      "budget": budget, "reward": e.reward, "success": e.success, "turns": e.turns,
                      "end": e.end, "error": e.error, "messages": e.messages} for i, e in enumerate(episodes)]

@@ -5,7 +5,8 @@ emits a thought and an action; the environment answers with an observation, a re
 until done or the turn budget of the horizon schedule (ScalingInter-RL) runs out.
 
 Each turn of `rollout()`:
-  1. one batched `engine.generate` over every live episode (the prompt is the episode's token ids);
+  1. the actor replies to every live episode: one batched `engine.generate` (the prompt is the episode's
+     token ids), or, for the warm start's demonstrations, the env's own solver (`Expert`);
   2. the env steps of those episodes run concurrently in a thread pool (results kept in order);
   3. the observation is appended as tokens, unless the episode ended.
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from infra import faults
-from engine import Sampling, stop_ids
+from engine import Sample, Sampling, stop_ids
 from infra.framing import Framing
 from gigpo import state_key
 
@@ -144,8 +145,8 @@ def abandoned() -> int:
     return _abandoned
 
 
-def _calls(pool: ThreadPoolExecutor, calls: list[tuple[Callable, object]], timeout: float | None) -> list[tuple]:
-    """Run each `fn(arg)` in the pool; [(result, error)] in order. A call that has run for `timeout`
+def _calls(pool: ThreadPoolExecutor, calls: list[tuple], timeout: float | None) -> list[tuple]:
+    """Run each `(fn, *args)` in the pool; [(result, error)] in order. A call that has run for `timeout`
     seconds is given up on with a TimeoutError-style error; so are calls that could not even start
     because every pool thread is stuck (no call started or finished for `timeout` seconds)."""
     global _abandoned
@@ -153,7 +154,7 @@ def _calls(pool: ThreadPoolExecutor, calls: list[tuple[Callable, object]], timeo
 
     def run(i):
         starts[i] = time.monotonic()
-        return _call(calls[i][0], calls[i][1])
+        return _call(*calls[i])
 
     futures = [pool.submit(run, i) for i in range(len(calls))]
     if timeout is None:
@@ -191,15 +192,46 @@ def reply_seed(seed: int, episode: int, turn: int) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
-def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object], tasks: list[tuple[int, int]],
-            max_turns: int, max_tokens: int = 256, max_context: int = 4096, temperature: float = 1.0,
-            top_p: float = 1.0, seed: int | None = None, pool: ThreadPoolExecutor | None = None,
-            framing: Framing = Framing(), env_timeout: float | None = None, first: int = 0):
-    """Play one episode per (task_id, group) in `tasks`, the i-th on `envs[i]`; `framing` decides how
-    each episode opens (framing.py). `env_timeout`: seconds an env reset or step may run before its
-    episode is flagged `env_error` (None: no limit). `seed` (None: unseeded) and `first`, the index of
-    `tasks[0]` among all the episodes played with this seed (on every rank), seed each reply by the
-    episode's global index (`reply_seed`).
+@dataclass(frozen=True)
+class Play:
+    """How episodes are played: the one settings object of training, validation, evaluation and the
+    expert's demonstrations. `seed` None: unseeded; else reply t of the episode with global index e is
+    sampled with `reply_seed(seed, e, t)`. `env_timeout`: seconds an env call may run before its episode
+    is flagged `env_error` (None: no limit)."""
+    max_turns: int
+    max_tokens: int = 256
+    max_context: int = 4096
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    framing: Framing = Framing()
+    env_timeout: float | None = None
+
+
+class Expert:
+    """The env's own solver as the actor (BabyAI's bot, the MiniWoB++ scripts, SciWorld's gold path): each
+    live episode's env names its next action, recorded as a sampled reply would be (its text's tokens and
+    the end-of-turn token), so a demonstration is played by the same loop as an RL episode. A solver that
+    raises ends its episode as `expert_error`, one failed demonstration, never the run (minigrid's bot
+    raises a TypeError on some tasks); a reply longer than the context left ends it as `context`."""
+
+    def __init__(self, chat: ChatFormat):
+        self.chat = chat
+
+    def replies(self, envs: list, caps: list[int], pool: ThreadPoolExecutor, timeout: float | None) -> list[Sample]:
+        out = []
+        for (text, err), cap in zip(_calls(pool, [(env.expert,) for env in envs], timeout), caps):
+            ids = [] if err else self.chat.encode(text) + list(self.chat.stop_ids[:1])
+            end = "expert_error" if err else "context" if len(ids) > cap else ""
+            out.append(Sample(ids, None, text, end, err or ""))
+        return out
+
+
+def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object], tasks: list[tuple[int, int]],
+            play: Play, pool: ThreadPoolExecutor | None = None, first: int = 0):
+    """Play one episode per (task_id, group) in `tasks`, the i-th on `envs[i]`, `play` deciding the budget,
+    the sampling and how each episode opens (framing.py). `actor`: an engine (engine.py) or an `Expert`.
+    `first`: the index of `tasks[0]` among all the episodes played with `play.seed` (on every rank).
 
     Returns (episodes, timing) with timing seconds for "generate", "env" and "other" (our bookkeeping).
     `envs[i]` is replaced in place by `make_env()` when it raised, so the caller's pool stays usable.
@@ -212,11 +244,11 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
     start = time.perf_counter()
 
     t = time.perf_counter()
-    firsts = _calls(pool, [(envs[i].reset, tasks[i][0]) for i in range(len(tasks))], env_timeout)
+    firsts = _calls(pool, [(envs[i].reset, tasks[i][0]) for i in range(len(tasks))], play.env_timeout)
     timing["env"] += time.perf_counter() - t
     episodes = []
     for i, ((task_id, group), (obs, err)) in enumerate(zip(tasks, firsts)):
-        instruction, acknowledgement = framing.opening(envs[i]) if err is None else ("", None)
+        instruction, acknowledgement = play.framing.opening(envs[i]) if err is None else ("", None)
         ep = Episode(task_id, group, [], 0, messages=opening(instruction, acknowledgement))
         if err is not None:
             ep.end, ep.error = "env_error", err
@@ -226,33 +258,40 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
             ep.prompt_len = len(ep.ids)
             ep.messages.append({"role": "user", "content": obs})
             ep.states.append(state_key(obs))
-            if ep.prompt_len >= max_context:
+            if ep.prompt_len >= play.max_context:
                 ep.end = "context"
         episodes.append(ep)
 
-    for turn in range(max_turns):
+    for turn in range(play.max_turns):
         live = [i for i, ep in enumerate(episodes) if not ep.end]
         if not live:
             break
-        caps = [min(max_tokens, max_context - len(episodes[i].ids)) for i in live]
+        caps = [min(play.max_tokens, play.max_context - len(episodes[i].ids)) for i in live]
         t = time.perf_counter()
-        seeds = None if seed is None else [reply_seed(seed, first + i, turn) for i in live]
-        samples = engine.generate([episodes[i].ids for i in live], Sampling(caps, temperature, top_p, seeds,
-                                                                            chat.stop_ids))
+        if isinstance(actor, Expert):
+            samples = actor.replies([envs[i] for i in live], caps, pool, play.env_timeout)
+        else:
+            seeds = None if play.seed is None else [reply_seed(play.seed, first + i, turn) for i in live]
+            samples = actor.generate([episodes[i].ids for i in live],
+                                     Sampling(caps, play.temperature, play.top_p, seeds, chat.stop_ids))
         timing["generate"] += time.perf_counter() - t
         faults.point("rollout_turn")  # test-only crash point (faults.py): a no-op unless TRAIN_FAULT names it
 
-        texts = []
+        acted = []
         for i, s in zip(live, samples):
+            if s.end:  # the actor could not reply (the expert's own failure): the episode ends here
+                episodes[i].end, episodes[i].error = s.end, s.error
+                continue
             episodes[i].append(s.ids, True, s.logprobs)
             episodes[i].turns += 1
-            texts.append(chat.decode(s.ids))
-            episodes[i].messages.append({"role": "assistant", "content": texts[-1]})
+            text = chat.decode(s.ids) if s.text is None else s.text
+            episodes[i].messages.append({"role": "assistant", "content": text})
+            acted.append((i, s, text))
         t = time.perf_counter()
-        results = _calls(pool, [(envs[i].step, text) for i, text in zip(live, texts)], env_timeout)
+        results = _calls(pool, [(envs[i].step, text) for i, _, text in acted], play.env_timeout)
         timing["env"] += time.perf_counter() - t
 
-        for i, s, (result, err) in zip(live, samples, results):
+        for (i, s, _), (result, err) in zip(acted, results):
             ep, env = episodes[i], envs[i]
             if err is None and getattr(env, "crashed", False):
                 err = getattr(env, "error", None) or "simulator crashed"
@@ -266,11 +305,11 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
             if done:
                 ep.end = "done"
                 continue
-            if turn + 1 == max_turns:
+            if turn + 1 == play.max_turns:
                 ep.end = "horizon"
                 continue
             obs_ids = chat.observation(obs, stopped=bool(s.ids) and s.ids[-1] == chat.eos_id)
-            if len(ep.ids) + len(obs_ids) >= max_context:  # no room left for another reply
+            if len(ep.ids) + len(obs_ids) >= play.max_context:  # no room left for another reply
                 ep.end = "context"
                 continue
             ep.append(obs_ids, False)
@@ -283,6 +322,16 @@ def rollout(engine, chat: ChatFormat, envs: list, make_env: Callable[[], object]
         pool.shutdown(wait=_abandoned == abandoned_before)
     timing["other"] = time.perf_counter() - start - timing["generate"] - timing["env"]
     return episodes, timing
+
+
+def play_rounds(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object], tasks: list[tuple[int, int]],
+                play: Play, pool: ThreadPoolExecutor | None = None, first: int = 0) -> list[Episode]:
+    """`rollout` over any number of tasks, in rounds of at most len(envs) episodes (task j on envs[j %
+    len(envs)]); the seeds follow each episode's index from `first`, as in one call."""
+    episodes = []
+    for i in range(0, len(tasks), len(envs)):
+        episodes += rollout(actor, chat, envs, make_env, tasks[i:i + len(envs)], play, pool, first + i)[0]
+    return episodes
 
 
 def _replace(env, make_env, hung: bool = False):

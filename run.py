@@ -21,11 +21,11 @@ import config as configs
 import envs
 from engine import make_engine
 from infra import checkpoint, console, lifeline, memplan
-from infra.distributed import all_max, all_sum, load, print0, setup_distributed, sync
+from infra.distributed import load, print0, setup_distributed, sync
 from infra.runlog import RunLog
 from infra.stepplan import Accumulation, Curriculum
 from models import resolve_model
-from rollout import ChatFormat, abandoned
+from rollout import ChatFormat, Play, abandoned
 
 
 @dataclass
@@ -58,6 +58,12 @@ class Run:
     @property
     def per_rank(self) -> int:
         return self.cfg.tasks_per_step * self.cfg.samples_per_task // self.world
+
+    def play(self, turns: int, seed: int | None) -> Play:
+        """How this run plays episodes at a turn budget and seed (rollout.Play)."""
+        c = self.cfg
+        return Play(turns, c.max_tokens, c.max_context, c.temperature, c.top_p, seed, self.d.framing,
+                    c.env_timeout or None)
 
     @property
     def kl_in_reward(self) -> bool:  # REINFORCE++ puts the KL to the reference inside the reward
@@ -152,13 +158,11 @@ def setup(argv) -> Run:
     if cfg.bc_episodes and not resume_from and not warm_done:
         import warmstart
         engine.sleep()  # the GPU memory it holds is the warm start's; sync() reloads the weights
-        warmstart.run(cfg, max(d.schedule.budgets), policy, ref, env_pool, threads, chat, tokenizer, train_ids,
-                      warm_dir, all_sum, all_max, print0, d.framing)
+        warmstart.run(run, warm_dir)
         sync(engine, policy, getattr(torch, d.dtype))
     if cfg.bc_anchor:  # imitation beside RL (warmstart.Anchor)
         import warmstart
-        run.anchor = warmstart.Anchor(cfg, max(d.schedule.budgets), env_pool, threads, chat, tokenizer, train_ids,
-                                      all_sum, all_max, print0, d.framing)
+        run.anchor = warmstart.Anchor(run)
     return run
 
 

@@ -43,7 +43,7 @@ from infra import checkpoint, faults
 from infra.distributed import all_max, all_sum, print0, sync
 from infra.runlog import log_episodes, log_outcomes, memory_metrics, trim_heap
 from infra.stepplan import informative_groups, rank_share, tasks_for_step
-from rollout import rollout
+from rollout import play_rounds, rollout
 from run import Run, finish, setup
 
 GAP_ALARM = 0.5  # mean |trainer - sampler| logprob per token above which a weight sync is suspect
@@ -200,10 +200,8 @@ def train_step(run: Run, step: int, first: dict) -> bool:
              else tasks_for_step(run.train_ids, step, cfg.tasks_per_step, cfg.seed))
     mine = rank_share(tasks, cfg.samples_per_task, run.rank, run.world)  # every rank a part of every group
     run.engine.wake()
-    episodes, rt = rollout(run.engine, run.chat, run.env_pool, run.make_env, mine, horizon, cfg.max_tokens,
-                           cfg.max_context, cfg.temperature, cfg.top_p, seed=(cfg.seed * 7919 + step) * 131,
-                           first=run.rank * run.per_rank, pool=run.threads, framing=d.framing,
-                           env_timeout=cfg.env_timeout or None)
+    episodes, rt = rollout(run.engine, run.chat, run.env_pool, run.make_env, mine,
+                           run.play(horizon, seed=(cfg.seed * 7919 + step) * 131), run.threads, run.rank * run.per_rank)
     run.engine.sleep()
     timing.update({f"time/{k}": v for k, v in rt.items()})
     batch = collate(episodes, run.tokenizer.pad_token_id or 0, cfg.refusal_penalty)
@@ -355,12 +353,9 @@ def quick_eval(run: Run, step: int, name: str = "eval") -> dict:
     turns = cfg.eval_turns or max(run.d.schedule.budgets)
     run.engine.wake()  # after sync() the KV cache is still asleep (GPU), and generate refuses to run
     lo, hi = rank * len(val_ids) // world, (rank + 1) * len(val_ids) // world  # contiguous: seeds follow the index
-    mine, eps = val_ids[lo:hi], []
-    for i in range(0, len(mine), len(run.env_pool)):
-        part = [(t, j) for j, t in enumerate(mine[i:i + len(run.env_pool)])]
-        eps += rollout(run.engine, run.chat, run.env_pool, run.make_env, part, turns, cfg.max_tokens, cfg.max_context,
-                       temperature=cfg.temperature, top_p=cfg.top_p, seed=(cfg.seed * 7919 - 1) * 131,  # "step -1"
-                       first=lo + i, pool=run.threads, framing=run.d.framing, env_timeout=cfg.env_timeout or None)[0]
+    mine = val_ids[lo:hi]
+    eps = play_rounds(run.engine, run.chat, run.env_pool, run.make_env, [(t, j % len(run.env_pool)) for j, t in
+                      enumerate(mine)], run.play(turns, seed=(cfg.seed * 7919 - 1) * 131), run.threads, lo)  # "step -1"
     log_outcomes(run.out / "evals.jsonl", step, name, eps, run.env_pool[0].subtask, turns)  # the curve, per task
     reward, success, n = all_sum(sum(e.reward for e in eps), sum(e.success for e in eps), len(mine))
     return {f"{name}/reward": reward / max(n, 1), f"{name}/success": success / max(n, 1)}

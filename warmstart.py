@@ -33,44 +33,17 @@ import torch
 from infra import checkpoint
 
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad
+from infra.distributed import all_max, all_sum, print0
 from infra.framing import Framing
-from rollout import Episode, opening
+from rollout import Episode, Expert, Play, play_rounds
 
 
-def expert_episode(env, chat, task_id: int, max_turns: int, max_context: int, framing: Framing = Framing()) -> Episode:
-    """One expert episode of `task_id`, recorded as the RL rollout would record a sampled one (same framing)."""
-    obs = env.reset(task_id)
-    instruction, acknowledgement = framing.opening(env)
-    ep = Episode(task_id, 0, [], 0, messages=opening(instruction, acknowledgement) + [{"role": "user", "content": obs}])
-    ep.ids = chat.prompt(instruction, obs, acknowledgement)
-    ep.prompt_len = len(ep.ids)
-    for turn in range(max_turns):
-        try:
-            reply = env.expert()
-        except Exception as exc:  # noqa: BLE001  the solver's own bug (minigrid's BabyAI bot raises a TypeError
-            # on some tasks) costs one demonstration, flagged, never the whole run
-            ep.end, ep.error = "expert_error", f"{type(exc).__name__}: {exc}"
-            break
-        reply_ids = chat.encode(reply) + list(chat.stop_ids[:1])
-        if len(ep.ids) + len(reply_ids) > max_context:
-            ep.end = "context"
-            break
-        ep.append(reply_ids, True)
-        ep.turns += 1
-        ep.messages.append({"role": "assistant", "content": reply})
-        obs, ep.reward, done = env.step(reply)
-        ep.success = bool(getattr(env, "success", False))
-        if done:
-            ep.end = "done"
-            break
-        obs_ids = chat.observation(obs, stopped=True)
-        if turn + 1 == max_turns or len(ep.ids) + len(obs_ids) >= max_context:
-            ep.end = "horizon" if turn + 1 == max_turns else "context"
-            break
-        ep.append(obs_ids, False)
-        ep.messages.append({"role": "user", "content": obs})
-    ep.end = ep.end or "horizon"
-    return ep
+def expert_episodes(chat, envs: list, make_env, task_ids: list[int], max_turns: int, max_context: int,
+                    framing: Framing = Framing(), pool=None, env_timeout: float | None = None) -> list[Episode]:
+    """Expert episodes of `task_ids`, in order (task j on envs[j % len(envs)]), played by the RL rollout's
+    own loop with the env's solver as the actor, so each is recorded exactly as a sampled episode would be."""
+    play = Play(max_turns, max_tokens=max_context, max_context=max_context, framing=framing, env_timeout=env_timeout)
+    return play_rounds(Expert(chat), chat, envs, make_env, [(t, 0) for t in task_ids], play, pool)
 
 
 def demo_tasks(train_ids: list[int], count: int, seed: int) -> list[int]:
@@ -132,28 +105,22 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
     return losses
 
 
-def demonstrations(count: int, seed: int, turns: int, env_pool, pool, chat, train_ids, max_context: int,
-                   framing: Framing, reduce_sum, say=print, what: str = "warm start") -> list[Episode]:
-    """This rank's share of `count` expert episodes on train tasks (sample `seed`), played `turns` at
-    most by the env instances of `env_pool` in parallel; returns the successful ones (collective: the
-    summary line counts all ranks). A failed expert episode ends in fallback wandering, not in skill."""
-    import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    t = time.perf_counter()
-    mine = demo_tasks(train_ids, count, seed)[rank::world]
-    parts = [mine[i::len(env_pool)] for i in range(len(env_pool))]  # one env instance plays each part
-    played = pool.map(lambda i: [expert_episode(env_pool[i], chat, task, turns, max_context, framing)
-                                 for task in parts[i]], range(len(env_pool)))
-    played = [ep for part in played for ep in part]
+def demonstrations(run, count: int, seed: int, what: str = "warm start") -> list[Episode]:
+    """This rank's share of `count` expert episodes on train tasks (sample `seed`), at the run's largest
+    turn budget, played by the env pool in parallel; returns the successful ones (collective: the summary
+    line counts all ranks). A failed expert episode ends in fallback wandering, not in skill."""
+    t, turns = time.perf_counter(), max(run.d.schedule.budgets)
+    mine = demo_tasks(run.train_ids, count, seed)[run.rank::run.world]
+    played = expert_episodes(run.chat, run.env_pool, run.make_env, mine, turns, run.cfg.max_context, run.d.framing,
+                             run.threads, run.cfg.env_timeout or None)
     episodes = [ep for ep in played if ep.success]
     crashed = [ep for ep in played if ep.end == "expert_error"]
     for ep in crashed:  # every rank reports its own
         print(f"{what}: the expert failed on task {ep.task_id} ({ep.error[:200]}); one failed demonstration",
               file=sys.stderr, flush=True)
-    n, wins, tokens, errors = reduce_sum(len(played), len(episodes), sum(sum(e.mask) for e in episodes), len(crashed))
-    say(f"{what}: {int(n)} expert episodes in {time.perf_counter() - t:.0f}s, {int(wins)} successful within "
-        f"{turns} turns ({tokens / max(wins, 1):.0f} policy tokens each), {int(errors)} stopped by an expert error")
+    n, wins, tokens, errors = all_sum(len(played), len(episodes), sum(sum(e.mask) for e in episodes), len(crashed))
+    print0(f"{what}: {int(n)} expert episodes in {time.perf_counter() - t:.0f}s, {int(wins)} successful within "
+           f"{turns} turns ({tokens / max(wins, 1):.0f} policy tokens each), {int(errors)} stopped by an expert error")
     return episodes
 
 
@@ -165,16 +132,12 @@ class Anchor:
     for LLMs: RL's updates may move the policy only where the expert's likelihood does not fall much.
     It asks whether RL adds to imitation when both run together, in the time imitation alone would have."""
 
-    def __init__(self, cfg, turns: int, env_pool, pool, chat, tokenizer, train_ids, reduce_sum, reduce_max,
-                 say=print, framing: Framing = Framing()):
-        import torch.distributed as dist
-
-        self.episodes = demonstrations(cfg.bc_anchor, cfg.seed + 1000, turns, env_pool, pool, chat, train_ids,
-                                       cfg.max_context, framing, reduce_sum, say, what="imitation anchor")
-        self.batch = demo_batch(self.episodes, tokenizer.pad_token_id or 0)
-        self.coef, self.size, self.micro_tokens = cfg.bc_coef, cfg.bc_batch, cfg.micro_tokens
-        self.reduce_sum, self.reduce_max, self.world = reduce_sum, reduce_max, dist.get_world_size()
-        self.gen = torch.Generator().manual_seed(cfg.seed * 17 + dist.get_rank())
+    def __init__(self, run):
+        cfg = run.cfg
+        self.episodes = demonstrations(run, cfg.bc_anchor, cfg.seed + 1000, what="imitation anchor")
+        self.batch = demo_batch(self.episodes, run.tokenizer.pad_token_id or 0)
+        self.coef, self.size, self.micro_tokens, self.world = cfg.bc_coef, cfg.bc_batch, cfg.micro_tokens, run.world
+        self.gen = torch.Generator().manual_seed(cfg.seed * 17 + run.rank)
         self.queue: list[int] = []
 
     def backward(self, model) -> float:
@@ -184,34 +147,29 @@ class Anchor:
             if not self.queue:  # a fresh pass over this rank's demonstrations, in a new order
                 self.queue = torch.randperm(len(self.episodes), generator=self.gen).tolist()
             chunk.append(self.queue.pop())
-        return nll_backward(model, self.batch, chunk, self.micro_tokens, self.reduce_sum, self.reduce_max,
-                            self.world, scale=self.coef)
+        return nll_backward(model, self.batch, chunk, self.micro_tokens, all_sum, all_max, self.world,
+                            scale=self.coef)
 
 
-def run(cfg, turns: int, policy, ref, env_pool, pool, chat, tokenizer, train_ids, warm_dir, reduce_sum, reduce_max,
-        say=print, framing: Framing = Framing()) -> None:
+def run(run, warm_dir) -> None:
     """The warm start as train.py runs it (collective): this rank's share of expert episodes on train
-    tasks at `turns`, the successful ones imitated through the FSDP2 policy, the result saved to
-    `warm_dir` (an HF directory, for evaluate.py and --resume) and, with a KL term, copied into the
-    reference model. `say` prints on rank 0."""
-    import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
+    tasks, the successful ones imitated through the FSDP2 policy, the result saved to `warm_dir` (an HF
+    directory, for evaluate.py and --resume) and, with a KL term, copied into the reference model."""
+    cfg, policy, ref, tokenizer = run.cfg, run.models["policy"], run.ref, run.tokenizer
     t = time.perf_counter()
-    episodes = demonstrations(cfg.bc_episodes, cfg.seed, turns, env_pool, pool, chat, train_ids, cfg.max_context,
-                              framing, reduce_sum, say)
+    episodes = demonstrations(run, cfg.bc_episodes, cfg.seed)
     trained = [p for p in policy.parameters() if p.requires_grad]  # --train-layers may freeze some
     optimizer = torch.optim.AdamW(trained, lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
-    progress = lambda k, total, nll: say(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")  # noqa: E731
+    progress = lambda k, total, nll: print0(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")  # noqa: E731
     # --bc-seconds counts from the start of the warm start (expert episodes included), like RL's wall time
     budget = max(cfg.bc_seconds - (time.perf_counter() - t), 1e-9) if cfg.bc_seconds else 0.0
     losses = clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens, cfg.seed,
-                   tokenizer.pad_token_id or 0, reduce_sum, reduce_max, world, progress=progress, seconds=budget)
+                   tokenizer.pad_token_id or 0, all_sum, all_max, run.world, progress=progress, seconds=budget)
     del optimizer
-    checkpoint.save_model(warm_dir, policy, tokenizer, rank)
+    checkpoint.save_model(warm_dir, policy, tokenizer, run.rank)
     if ref is not None:
         with torch.no_grad():
             ref.load_state_dict(policy.state_dict())
     cut = f" (--bc-seconds {cfg.bc_seconds:g} reached: {len(losses)} optimizer steps)" if cfg.bc_seconds else ""
     nll = f"NLL {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "no optimizer step"
-    say(f"warm start done in {time.perf_counter() - t:.0f}s{cut}: {nll}; saved {warm_dir}")
+    print0(f"warm start done in {time.perf_counter() - t:.0f}s{cut}: {nll}; saved {warm_dir}")

@@ -72,8 +72,8 @@ class TimedChat(ChatFormat):
 
 
 def play(engine, chat, pool, env_list, plan, args, seed):
-    return rollout(engine, chat, env_list, lambda: envs.make("textcraft"), plan, args.turns, args.max_tokens,
-                   args.max_context, args.temperature, 1.0, seed=None if args.unseeded else seed, pool=pool)
+    play = Play(args.turns, args.max_tokens, args.max_context, args.temperature, 1.0, None if args.unseeded else seed)
+    return rollout(engine, chat, env_list, lambda: envs.make("textcraft"), plan, play, pool)
 
 
 def bench(kind: str, model_dir: str, chat: TimedChat, plan, args) -> dict:

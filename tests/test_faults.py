@@ -22,7 +22,7 @@ import pytest
 from infra import checkpoint
 import engine as engines
 from models import tiny
-from rollout import ChatFormat, rollout
+from rollout import ChatFormat, Play, rollout
 from tests import faulty
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,8 +52,7 @@ def test_rollout_gives_up_on_a_hung_reset_and_the_rest_play_on():
     originals = list(envs)
     try:
         t = time.monotonic()
-        eps, _ = rollout(engine, chat, envs, faulty.HangingReset, tasks, max_turns=2, max_tokens=6, seed=0,
-                         env_timeout=2)
+        eps, _ = rollout(engine, chat, envs, faulty.HangingReset, tasks, Play(2, max_tokens=6, seed=0, env_timeout=2))
         took = time.monotonic() - t
     finally:
         faulty.release.set()  # lets the hung thread finish, so it does not outlive the test

@@ -22,7 +22,7 @@ from models import tiny
 from batch import collate
 from envs.textcraft import TextCraft
 from infra.framing import ACKNOWLEDGEMENT, Framing
-from rollout import ChatFormat, rollout
+from rollout import ChatFormat, Play, rollout
 from tests.test_rollout import Recorder, eos_prone_state, runs, tokenizer_for
 from tests.toy import Digits
 
@@ -61,8 +61,8 @@ def test_acknowledgement_is_prompt_and_never_trained(engine, model_dir):
     rec = Recorder(engine)
     tasks = [(t, t) for t in range(4)]
     style = Framing("agentgym")
-    episodes, _ = rollout(rec, chat, [Digits(turns=3) for _ in tasks], Digits, tasks, max_turns=3, max_tokens=10,
-                          seed=5, framing=style)
+    episodes, _ = rollout(rec, chat, [Digits(turns=3) for _ in tasks], Digits, tasks,
+                          Play(3, max_tokens=10, seed=5, framing=style))
     batch = collate(episodes, tok.pad_token_id or 0)
     ack = chat.encode(ACKNOWLEDGEMENT)
     trained = []

@@ -6,7 +6,7 @@ from transformers import AutoTokenizer
 
 import engine as engines
 from models import tiny
-from rollout import ChatFormat, rollout
+from rollout import ChatFormat, Play, rollout
 from tests.toy import Digits, Exploding
 
 LLAMA3 = ("{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
@@ -90,7 +90,7 @@ def test_mask_is_exactly_the_sampled_tokens(engine, model_dir, template):
     rec = Recorder(engine)
     tasks = [(t, t) for t in range(6)]
     envs = [Digits(turns=3) for _ in tasks]
-    episodes, timing = rollout(rec, chat, envs, Digits, tasks, max_turns=3, max_tokens=12, seed=1)
+    episodes, timing = rollout(rec, chat, envs, Digits, tasks, Play(3, max_tokens=12, seed=1))
     assert set(timing) == {"generate", "env", "other"}
     trained = []
     stopped = 0
@@ -124,7 +124,7 @@ def test_prompt_is_the_template_rendering(engine, model_dir):
     tok = tokenizer_for(model_dir, "tiny")
     chat = ChatFormat(tok)
     env = Digits()
-    episodes, _ = rollout(engine, chat, [env], Digits, [(5, 0)], max_turns=1, max_tokens=4, seed=0)
+    episodes, _ = rollout(engine, chat, [env], Digits, [(5, 0)], Play(1, max_tokens=4, seed=0))
     expected = tok.apply_chat_template([{"role": "system", "content": env.instruction},
                                         {"role": "user", "content": Digits().reset(5)}],
                                        add_generation_prompt=True, tokenize=False)
@@ -134,17 +134,17 @@ def test_prompt_is_the_template_rendering(engine, model_dir):
 def test_horizon_context_and_turn_caps(engine, model_dir):
     chat = ChatFormat(tokenizer_for(model_dir, "tiny"))
     tasks = [(t, 0) for t in range(4)]
-    eps, _ = rollout(engine, chat, [Digits(turns=50) for _ in tasks], Digits, tasks, max_turns=2, max_tokens=5, seed=2)
+    eps, _ = rollout(engine, chat, [Digits(turns=50) for _ in tasks], Digits, tasks, Play(2, max_tokens=5, seed=2))
     assert all(e.end == "horizon" and e.turns == 2 for e in eps)
     assert all(len(r) <= 5 for e in eps for r in runs(e.mask))
     prompt_len = len(chat.prompt(Digits.instruction, Digits().reset(0)))
     cap = prompt_len + 40
-    eps, _ = rollout(engine, chat, [Digits(turns=50) for _ in tasks], Digits, tasks, max_turns=50, max_tokens=8,
-                     max_context=cap, seed=3)
+    eps, _ = rollout(engine, chat, [Digits(turns=50) for _ in tasks], Digits, tasks,
+                     Play(50, max_tokens=8, max_context=cap, seed=3))
     assert all(e.end == "context" and len(e.ids) <= cap for e in eps)
     assert all(e.turns >= 1 for e in eps)
     assert all(len(e.states) == e.turns for e in eps)
-    eps, _ = rollout(engine, chat, [Digits()], Digits, [(0, 0)], max_turns=3, max_context=5)
+    eps, _ = rollout(engine, chat, [Digits()], Digits, [(0, 0)], Play(3, max_context=5))
     assert eps[0].end == "context" and eps[0].turns == 0 and eps[0].reward_index == -1 and eps[0].states == []
 
 
@@ -155,7 +155,7 @@ def test_states_are_the_observations_each_turn_answered(engine, model_dir):
 
     chat = ChatFormat(tokenizer_for(model_dir, "tiny"))
     tasks = [(0, 0), (0, 0), (1, 1)]
-    eps, _ = rollout(engine, chat, [Digits(turns=3) for _ in tasks], Digits, tasks, max_turns=3, max_tokens=4, seed=4)
+    eps, _ = rollout(engine, chat, [Digits(turns=3) for _ in tasks], Digits, tasks, Play(3, max_tokens=4, seed=4))
     for ep in eps:
         seen = [m["content"] for m in ep.messages if m["role"] == "user"][:ep.turns]
         assert ep.turns == 3 and ep.states == [state_key(text) for text in seen]
@@ -172,7 +172,7 @@ def test_refused_turns_are_counted_as_the_env_flags_them(engine, model_dir):
     env = BabyAI(brief=True)
     tasks = [(t, i) for i, t in enumerate(env.tasks("val")[:2])]
     eps, _ = rollout(engine, chat, [BabyAI(brief=True) for _ in tasks], lambda: BabyAI(brief=True), tasks,
-                     max_turns=3, max_tokens=6, seed=5)
+                     Play(3, max_tokens=6, seed=5))
     for ep in eps:
         assert ep.turns == 3 and ep.refused == 3
         record = {"subtask": "s", "messages": ep.messages + [{"role": "user", "content": "Choose one of the available actions."}]}
@@ -184,7 +184,7 @@ def test_env_that_raises_is_flagged_and_replaced(engine, model_dir):
     tasks = [(t, t) for t in range(6)]
     envs = [Exploding(turns=3) for _ in tasks]
     originals = list(envs)
-    eps, _ = rollout(engine, chat, envs, Exploding, tasks, max_turns=3, max_tokens=6, seed=4)
+    eps, _ = rollout(engine, chat, envs, Exploding, tasks, Play(3, max_tokens=6, seed=4))
     for (task, _), ep, env, old in zip(tasks, eps, envs, originals):
         if task % 2:
             assert ep.end == "env_error" and "simulator fell over" in ep.error and ep.turns == 2
@@ -253,8 +253,7 @@ def test_every_declared_eos_stops_a_reply(engine, model_dir, tmp_path):
     chat = ChatFormat(tok, str(tmp_path / "m"))
     assert chat.stop_ids == (tok.eos_token_id, other) and ChatFormat(tok).stop_ids == (tok.eos_token_id,)
     tasks = [(t, t) for t in range(16)]
-    episodes, _ = rollout(engine, chat, [Digits(turns=6) for _ in tasks], Digits, tasks, max_turns=6,
-                          max_tokens=12, seed=5)
+    episodes, _ = rollout(engine, chat, [Digits(turns=6) for _ in tasks], Digits, tasks, Play(6, max_tokens=12, seed=5))
     close = chat.encode(chat.close)
     ended_on_other = 0
     for ep in episodes:

@@ -13,7 +13,7 @@
   types' splits, and the longest expert episodes of those types fit its turns, context and reply cap;
 - the expert (`SciWorld.expert()`): its replies parse with the env's parsers and, stepped, reach success
   on train variations of short task types; a plain reset builds no gold path; asked mid-episode it keeps
-  the episode's state; `warmstart.expert_episode` records it token-exactly; a gold path the simulator
+  the episode's state; `warmstart.expert_episodes` records it token-exactly; a gold path the simulator
   cannot deliver is one failed demonstration.
 """
 from __future__ import annotations
@@ -261,7 +261,7 @@ def test_expert_asked_mid_episode_keeps_the_episode(env):
 
 def test_expert_episode_is_a_successful_token_exact_demonstration(env):
     chat = ChatFormat(AutoTokenizer.from_pretrained(tiny.tiny_model_dir()))
-    ep = warmstart.expert_episode(env, chat, _task("find-animal", 4), max_turns=30, max_context=16384)
+    ep = warmstart.expert_episodes(chat, [env], type(env), [_task("find-animal", 4)], 30, 16384)[0]
     assert ep.success and ep.end == "done" and ep.reward == 1.0 and not ep.error
     replies = [m["content"] for m in ep.messages if m["role"] == "assistant"]
     assert ep.turns == len(replies) <= len(env.gold_actions())
@@ -314,7 +314,7 @@ def test_smollm2_recipe_holds_the_longest_expert_episodes(recipe, name, variatio
     tok = AutoTokenizer.from_pretrained(smollm2_dir())
     chat = ChatFormat(tok)
     turns = max(schedules.parse(cfg.horizon).budgets)
-    ep = warmstart.expert_episode(env, chat, _task(name, variation), max_turns=turns, max_context=cfg.max_context)
+    ep = warmstart.expert_episodes(chat, [env], type(env), [_task(name, variation)], turns, cfg.max_context)[0]
     assert ep.success and ep.end == "done" and len(ep.ids) <= cfg.max_context, (ep.end, ep.turns, len(ep.ids))
     replies = [m["content"] for m in ep.messages if m["role"] == "assistant"]
     assert max(len(chat.encode(r)) + 1 for r in replies) <= cfg.max_tokens  # + its end-of-turn token
@@ -328,7 +328,7 @@ def test_a_gold_path_the_simulator_cannot_build_is_one_failed_demonstration():
     chat = ChatFormat(AutoTokenizer.from_pretrained(tiny.tiny_model_dir()))
     task = _task("find-non-living-thing", 9)
     try:
-        ep = warmstart.expert_episode(env, chat, task, max_turns=30, max_context=16384)
+        ep = warmstart.expert_episodes(chat, [env], type(env), [task], 30, 16384)[0]
         assert ep.end == "expert_error" and not ep.success and ep.turns == sum(ep.mask) == 0
         assert ep.error.startswith("RuntimeError: no gold path for find-non-living-thing variation 9: "
                                    "the simulator crashed or stopped responding")
@@ -336,7 +336,7 @@ def test_a_gold_path_the_simulator_cannot_build_is_one_failed_demonstration():
         with pytest.raises(RuntimeError, match="the episode is over"):
             env.expert()
         first_jvm = env.jvm_pid
-        ok = warmstart.expert_episode(env, chat, task, max_turns=30, max_context=16384)
+        ok = warmstart.expert_episodes(chat, [env], type(env), [task], 30, 16384)[0]
         assert ok.success and ok.end == "done" and not env.crashed and env.jvm_pid != first_jvm
     finally:
         env.close()

@@ -29,10 +29,10 @@ def chat():
 def test_bot_crash_is_one_failed_demonstration(chat):
     env = BabyAI()
     assert env.level(CRASH) == "BabyAI-SynthS5R2-v0" and CRASH // 40 == 100_001
-    ep = warmstart.expert_episode(env, chat, CRASH, max_turns=40, max_context=8192)
+    ep = warmstart.expert_episodes(chat, [env], type(env), [CRASH], 40, 8192)[0]
     assert ep.end == "expert_error" and not ep.success and ep.error.startswith("TypeError")
     assert sum(ep.mask) == ep.turns == 0  # the bot fails on its first call: nothing to imitate
-    ok = warmstart.expert_episode(env, chat, 1, max_turns=40, max_context=8192)  # the same instance goes on
+    ok = warmstart.expert_episodes(chat, [env], type(env), [1], 40, 8192)[0]  # the same instance goes on
     assert ok.success and ok.end == "done" and not ok.error
 
 
@@ -58,7 +58,7 @@ def test_bc_seconds_ends_imitation_early_at_the_same_step_on_every_rank(chat):
     from transformers import AutoModelForCausalLM
 
     env = BabyAI(brief=True)
-    eps = [warmstart.expert_episode(env, chat, t, max_turns=8, max_context=2048) for t in range(4)]
+    eps = warmstart.expert_episodes(chat, [env], type(env), list(range(4)), 8, 2048)
     eps = [e for e in eps if e.success]
     assert len(eps) >= 2
     model = AutoModelForCausalLM.from_pretrained(tiny.tiny_model_dir())
@@ -100,8 +100,7 @@ def test_nll_backward_scales_its_gradient(chat):
     from batch import collate
 
     env = BabyAI(brief=True)
-    eps = [e for e in (warmstart.expert_episode(env, chat, t, max_turns=8, max_context=2048) for t in range(4))
-           if e.success]
+    eps = [e for e in warmstart.expert_episodes(chat, [env], type(env), list(range(4)), 8, 2048) if e.success]
     batch = collate(eps, 0)
     model = AutoModelForCausalLM.from_pretrained(tiny.tiny_model_dir())
     same = lambda *xs: xs  # noqa: E731  one process: the sums are the values
