@@ -86,61 +86,76 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
             stats["skipped_rows"] += len(chunk) - len(live)
             micro = micro_batches(live, lengths, cfg.micro_tokens, batch if cfg.shared_prefix else None)
             for mb in pad(micro, reduce_max(len(micro))):
-                rows = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
-                lp, ent = forward(policy, batch, rows, cfg.temperature, entropy=True, entropy_grad=cfg.entropy_coef > 0,
-                                  width=None if mb else DUMMY_WIDTH, shared_prefix=cfg.shared_prefix, policy_only=True)
-                w = lp.shape[1]
-                m = mask[rows, :w].to(lp.device) * bool(mb)
-                old_mb = lp.detach() if old is None else old[rows, :w].to(lp.device)
-                if epoch == 0 and "sampler_logp" in batch:  # trainer vs sampler on the same tokens (bf16 gap)
-                    sampler = batch["sampler_logp"][rows, :w].to(lp.device)
-                    stats["sampler_gap"] += float(A.masked_sum((lp.detach() - sampler).abs(), m))
-                    stats["gap_tokens"] += float(m.sum())
-                loss, pm = A.policy_loss(lp, old_mb, adv[rows, :w].to(lp.device), m,
-                                         cfg.clip_low, cfg.clip_high, cfg.dual_clip or None, cfg.agg, norm)
-                kl = lp.new_zeros(())
-                if ref_lp is not None:
-                    kl = A.kl_loss(lp, ref_lp[rows, :w].to(lp.device), m, cfg.kl_kind, cfg.agg, norm)
-                if ref_lp is not None and not kl_in_reward:
-                    loss = loss + cfg.kl_coef * kl
-                ent_term = A.aggregate(ent, m, cfg.agg, norm)  # detached unless entropy_coef > 0
-                if cfg.entropy_coef:
-                    loss = loss - cfg.entropy_coef * ent_term
-                # FSDP2 averages gradients over ranks; the loss is already a mean over all ranks' tokens
-                (loss * world).backward()
-                stats["loss"] += loss.item()
-                stats["kl"] += kl.item()
-                stats["entropy"] += ent_term.item()
-                stats["clip_frac"] += float(pm["clip_frac"]) * float(m.sum()) / max(tokens, 1)
-                del lp, ent, loss, kl, ent_term  # free this micro-batch's graph before the next forward
-                if "critic" in models:
-                    v, _ = forward(models["critic"], batch, rows, 1.0, value=True, width=w, shared_prefix=cfg.shared_prefix)
-                    vl, _ = A.value_loss(v, values[rows, :w].to(v.device), returns[rows, :w].to(v.device), m,
-                                         normalizer=tokens)
-                    (vl * world).backward()
-                    stats["value_loss"] += vl.item()
+                micro_step(cfg, models, batch, mb, old, ref_lp, values, adv, returns, kl_in_reward, tokens, norm,
+                           world, epoch == 0, stats)
             if anchor is not None:
                 stats["bc_nll"] += anchor.backward(policy) / world  # every rank returns the global mean
             faults.point("update")  # test-only: gradients made, optimizer not stepped (faults.py)
-            for key, opt in optimizers.items() if apply else ():
-                norm_ = torch.nn.utils.clip_grad_norm_(models[key].parameters(), cfg.grad_clip)
-                norm_ = norm_.full_tensor() if hasattr(norm_, "full_tensor") else norm_
-                if key == "policy":
-                    stats["grad_norm"] += float(norm_)
-                if float(norm_) == 0.0:
-                    # Every group of the batch was constant (or every row masked): the gradient is exactly 0,
-                    # yet Adam would still move each weight by its momentum (and weight decay). A step with
-                    # nothing to learn leaves the model, the optimizer's state and the schedule as they were.
-                    # The norm is global over ranks (FSDP2), so every rank makes the same choice.
-                    opt.zero_grad(set_to_none=True)
-                    stats["idle_steps"] += key == "policy"
-                    continue
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                if schedulers:
-                    schedulers[key].step()
+            if apply:
+                optimizer_step(cfg, models, optimizers, schedulers, stats)
             stats["updates"] += 1
     return stats
+
+
+def micro_step(cfg, models: dict, batch: dict, mb: list[int], old, ref_lp, values, adv, returns, kl_in_reward: bool,
+               tokens, norm, world: int, first_epoch: bool, stats: dict) -> None:
+    """One micro-batch's forward and backward: PPO's clipped policy loss, the KL and entropy terms, each a
+    share of the mini-batch's global mean (`norm`), and the critic's value loss. An empty `mb` runs a
+    dummy row whose mask is zeroed, so every rank makes the same collectives."""
+    policy, mask = models["policy"], batch["mask"]
+    rows = mb or [0]
+    lp, ent = forward(policy, batch, rows, cfg.temperature, entropy=True, entropy_grad=cfg.entropy_coef > 0,
+                      width=None if mb else DUMMY_WIDTH, shared_prefix=cfg.shared_prefix, policy_only=True)
+    w = lp.shape[1]
+    m = mask[rows, :w].to(lp.device) * bool(mb)
+    old_mb = lp.detach() if old is None else old[rows, :w].to(lp.device)
+    if first_epoch and "sampler_logp" in batch:  # trainer vs sampler on the same tokens (bf16 gap)
+        sampler = batch["sampler_logp"][rows, :w].to(lp.device)
+        stats["sampler_gap"] += float(A.masked_sum((lp.detach() - sampler).abs(), m))
+        stats["gap_tokens"] += float(m.sum())
+    loss, pm = A.policy_loss(lp, old_mb, adv[rows, :w].to(lp.device), m,
+                             cfg.clip_low, cfg.clip_high, cfg.dual_clip or None, cfg.agg, norm)
+    kl = lp.new_zeros(())
+    if ref_lp is not None:
+        kl = A.kl_loss(lp, ref_lp[rows, :w].to(lp.device), m, cfg.kl_kind, cfg.agg, norm)
+    if ref_lp is not None and not kl_in_reward:
+        loss = loss + cfg.kl_coef * kl
+    ent_term = A.aggregate(ent, m, cfg.agg, norm)  # detached unless entropy_coef > 0
+    if cfg.entropy_coef:
+        loss = loss - cfg.entropy_coef * ent_term
+    # FSDP2 averages gradients over ranks; the loss is already a mean over all ranks' tokens
+    (loss * world).backward()
+    stats["loss"] += loss.item()
+    stats["kl"] += kl.item()
+    stats["entropy"] += ent_term.item()
+    stats["clip_frac"] += float(pm["clip_frac"]) * float(m.sum()) / max(tokens, 1)
+    del lp, ent, loss, kl, ent_term  # free this micro-batch's graph before the next forward
+    if "critic" in models:
+        v, _ = forward(models["critic"], batch, rows, 1.0, value=True, width=w, shared_prefix=cfg.shared_prefix)
+        vl, _ = A.value_loss(v, values[rows, :w].to(v.device), returns[rows, :w].to(v.device), m, normalizer=tokens)
+        (vl * world).backward()
+        stats["value_loss"] += vl.item()
+
+
+def optimizer_step(cfg, models: dict, optimizers: dict, schedulers: dict | None, stats: dict) -> None:
+    """Clip each model's gradient and step its optimizer (and schedule), unless the gradient is exactly 0."""
+    for key, opt in optimizers.items():
+        norm = torch.nn.utils.clip_grad_norm_(models[key].parameters(), cfg.grad_clip)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        if key == "policy":
+            stats["grad_norm"] += float(norm)
+        if float(norm) == 0.0:
+            # Every group of the batch was constant (or every row masked): the gradient is exactly 0, yet
+            # Adam would still move each weight by its momentum (and weight decay). A step with nothing to
+            # learn leaves the model, the optimizer's state and the schedule as they were. The norm is
+            # global over ranks (FSDP2), so every rank makes the same choice.
+            opt.zero_grad(set_to_none=True)
+            stats["idle_steps"] += key == "policy"
+            continue
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if schedulers:
+            schedulers[key].step()
 
 
 # ------------------------------------------------------------------ advantages over all ranks
