@@ -45,7 +45,8 @@ from pathlib import Path
 
 import envs
 from infra import framing as framings
-from config import PAPER_TURNS, SMALL_MODELS, compute_dtype, doc, flags, gpu_shortage, local_ranks, pick_device, visible_gpus
+import recipes
+from config import SMALL_MODELS, compute_dtype, doc, flags, gpu_shortage, local_ranks, pick_device, visible_gpus
 from envs import agentgym
 from infra.framing import Framing
 from lab.stats import load_transcripts, plot, summarize, table
@@ -147,7 +148,7 @@ def derive(cfg: EvalConfig) -> Derived:
     device = pick_device(cfg.device, local_ranks(), visible_gpus())
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", cfg.model.strip("/"))[-60:]
     return Derived(budgets=parse_budgets(cfg.turns or str(EVAL_TURNS.get(cfg.env, 30))),
-                   max_tokens=cfg.max_tokens or PAPER_TURNS.get(cfg.env, (0, 0, 512))[2],
+                   max_tokens=cfg.max_tokens or recipes.PAPER_TURNS.get(cfg.env, (0, 0, 512))[2],
                    temperature=0.0 if cfg.greedy else cfg.temperature, device=device,
                    dtype=compute_dtype(cfg.dtype, device, cfg.model),
                    out=Path(cfg.out.format(env=cfg.env.replace(":", "_"), model=name)), model=resolve_model(cfg.model),

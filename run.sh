@@ -47,7 +47,7 @@ case "$cmd" in
       report "$(python -c 'import sys, config; print(config.derive(config.parse(sys.argv[1:])).out)' "$@")"
       exit
     fi
-    # No flags: the CPU learning recipe (config.smollm2; in-training evaluation on the validation split) for
+    # No flags: the CPU learning recipe (recipes.smollm2; in-training evaluation on the validation split) for
     # training seed SEED (default 0); then its control, the warm start continued by imitation alone on new
     # expert episodes for the wall time RL took; then final evaluations of the untrained model (once for
     # all seeds), the warm start, the control and the RL result on the whole 200-task test split x 2

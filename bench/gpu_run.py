@@ -9,7 +9,7 @@ evaluate.py on the checkpoint, the GPU's peak memory (torch.cuda.max_memory_allo
 runlog.memory_metrics) beside memplan's plan for the same run, tests/gpu_run.py (vLLM's GPU call sequence
 around a stand-in), and two ranks on one GPU (--device auto must fall back to the CPU, not crash).
 
-Part B, the BabyAI recipe (config.smollm2) at GPU scale, every phase bounded in time:
+Part B, the BabyAI recipe (recipes.smollm2) at GPU scale, every phase bounded in time:
   1. the untrained model evaluated on the 200 test tasks x 2, beside the warm start's imitation;
   2. GRPO from the warm start, 64 tasks x 8 samples a step, for --rl-seconds (120), validation every 3 steps,
      beside the imitation control: the same warm start imitating for the same seconds (side by side on

@@ -25,7 +25,7 @@ Task types (`task_types`, e.g. `["4-1", "7-2"]`, codes as in TASK_TYPES): `tasks
 train/dev/test variations of those types only, within the task set (an unknown code, or one the task set
 leaves out, is refused with the valid codes), round-robin over the types so that a prefix of a split
 (train.py's first --eval-tasks validation tasks, evaluate.py's --limit) holds every chosen type. Task ids
-stay those of all 7207 tasks. config.smollm2's SciWorld recipe keeps the seven short types 4-1..4-4 and
+stay those of all 7207 tasks. recipes.smollm2's SciWorld recipe keeps the seven short types 4-1..4-4 and
 7-1..7-3.
 
 Paper task set (`task_set="agentgym"`): the 23 task types of AgentGym's server (it left out 5-1, 5-2,

@@ -30,7 +30,7 @@ def memory(monkeypatch):
 def smollm2_with_tiny_settings():
     """The cpu preset's settings (16,384-token micro-batches, no checkpointing, a reference model) on SmolLM2:
     what `--model smollm2` ran with before the model chose its preset (a rank grew to 13 GB)."""
-    return dataclasses.replace(config.cpu("babyai"), model="smollm2", preset="smollm2", engine="hf")
+    return dataclasses.replace(config.preset("cpu", "babyai"), model="smollm2", preset="smollm2", engine="hf")
 
 
 def test_plan_adapts_an_oversized_micro_batch_and_says_so(memory):
@@ -88,7 +88,7 @@ def test_train_refuses_before_start_up_when_nothing_fits(tmp_path):
 
 def test_settings_follow_the_model(tmp_path):
     cfg = config.parse(["--model", "smollm2", "--env", "babyai"])
-    assert cfg.preset == "smollm2" and cfg.lr == config.smollm2().lr and cfg.micro_tokens == 2048
+    assert cfg.preset == "smollm2" and cfg.lr == config.preset("smollm2").lr and cfg.micro_tokens == 2048
     assert config.parse([]).preset == "cpu" and config.parse([]).lr == 1e-3
     no_expert = config.parse(["--model", "smollm2", "--env", "textcraft"])  # an env without an expert: RL alone
     assert no_expert.bc_episodes == 0 and config.check(no_expert, 2) is None

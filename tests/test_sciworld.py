@@ -9,7 +9,7 @@
 - a hung JVM (SIGSTOP) and a killed JVM end the episode with the `crashed` flag; after a kill the
   next reset starts a fresh JVM and works;
 - missing Java is reported at construction with what to install;
-- the SmolLM2 recipe (`config.smollm2("sciworld")`): valid, its env options keep the seven short task
+- the SmolLM2 recipe (`config.preset("smollm2", "sciworld")`): valid, its env options keep the seven short task
   types' splits, and the longest expert episodes of those types fit its turns, context and reply cap;
 - the expert (`SciWorld.expert()`): its replies parse with the env's parsers and, stepped, reach success
   on train variations of short task types; a plain reset builds no gold path; asked mid-episode it keeps
@@ -275,7 +275,7 @@ def test_expert_episode_is_a_successful_token_exact_demonstration(env):
     assert "You move to the" in observations
 
 
-# -- the SmolLM2 recipe (config.smollm2("sciworld")): the seven short task types
+# -- the SmolLM2 recipe (config.preset("smollm2", "sciworld")): the seven short task types
 
 # The longest expert episodes with SmolLM2's template among all 786 train variations of the recipe's
 # types (measured by playing every one: 590-1,462 tokens, 1-16 turns, all successful): find-plant 40 is
@@ -297,7 +297,7 @@ def recipe():
 
 def test_smollm2_recipe_is_valid_and_restricts_the_tasks(recipe):
     cfg, env = recipe
-    assert cfg.preset == "smollm2" and dataclasses.replace(cfg, preset="") == config.smollm2("sciworld")
+    assert cfg.preset == "smollm2" and dataclasses.replace(cfg, preset="") == config.preset("smollm2", "sciworld")
     assert check(cfg, 2) is None and cfg.model == "smollm2" and cfg.bc_episodes > 0 and cfg.eval_every > 0
     assert [len(env.tasks(split)) for split in ("train", "val", "test")] == [786, 393, 396]  # test: >= 200 tasks
     for split in ("train", "val", "test"):
