@@ -50,7 +50,8 @@ class Config:
                                  "original AgentGym prompts); empty: the env's own", "")
     model: str = doc("'tiny' (built offline), an HF model name, or a local model directory", "tiny")
     algo: str = doc("advantage estimator: grpo, rloo, reinforce++, reinforce++_baseline, ppo (GAE + critic), "
-                     "gigpo (GRPO plus step-level groups of turns from the same state, gigpo.py)", "grpo")
+                     "gigpo (GRPO plus step-level groups of turns from the same state: GiGPO, Feng et al. 2025; gigpo.py)",
+                    "grpo")
     # the batch
     steps: int = doc("training steps (one rollout batch and its updates each)", 4)
     rl_seconds: float = doc("also end training with the step during which this many seconds of training steps "
@@ -58,10 +59,8 @@ class Config:
                             "limit (a budget in time, e.g. for a GPU lent for minutes)", 0.0)
     tasks_per_step: int = doc("distinct tasks per step over all ranks", 4)
     samples_per_task: int = doc("episodes per task (the GRPO/RLOO group size)", 4)
-    curriculum: bool = doc("draw each step's tasks by level, weighting a level by how often its groups were informative "
-                           "(rewards not all equal) so far in the run; off: uniform shuffles of the train split", False)
-    min_groups: int = doc("step the optimizer only once the rollouts since its last step held this many informative "
-                          "groups over all ranks, adding up gradients in between (stepplan.Accumulation); a "
+    min_groups: int = doc("DAPO's dynamic sampling (Yu et al. 2025), by accumulation: step the optimizer only once "
+                          "the rollouts since its last step held this many informative groups over all ranks, adding up gradients in between (stepplan.Accumulation); a "
                           "checkpoint step and the last step always step; 0: every step", 0)
     horizon: str = doc("turn budget schedule: 'N' fixed, or 'N1,N2,..@S' ScalingInter stages of S steps", "4,6@2")
     max_tokens: int = doc("token cap of one assistant reply", 48)
@@ -79,11 +78,26 @@ class Config:
     micro_tokens: int = doc("token budget of one forward/backward micro-batch (rows x padded length)", 16384)
     clip_low: float = doc("PPO ratio clip below 1", 0.2)
     clip_high: float = doc("PPO ratio clip above 1", 0.2)
-    dual_clip: float = doc("dual-clip bound c > 1 for negative advantages; 0 disables", 0.0)
+    dual_clip: float = doc("dual-clip bound c > 1 for negative advantages (Ye et al. 2020); 0 disables", 0.0)
     agg: str = doc("loss aggregation: token-mean, seq-mean-token-mean, seq-sum-norm", "token-mean")
     kl_coef: float = doc("KL to the frozen reference: a loss term (grpo, rloo, ppo) or in the reward (reinforce++)", 0.001)
-    kl_kind: str = doc("KL estimator: k1, k2, k3", "k3")
+    kl_kind: str = doc("KL estimator: k1, k2, k3 (Schulman's approximations; k3 as the paper)", "k3")
     entropy_coef: float = doc("entropy bonus coefficient", 0.0)
+    gamma: float = doc("discount over policy tokens (reinforce++, ppo); over turns for gigpo's step returns "
+                       "(its paper: 0.95)", 1.0)
+    step_weight: float = doc("gigpo: weight of the step-level advantage beside the episode's (its paper: 1)", 1.0)
+    lam: float = doc("GAE lambda (ppo)", 1.0)
+    grpo_std: bool = doc("divide GRPO advantages by the group std (off: Dr. GRPO, Liu et al. 2025)", True)
+    # behaviour-cloning warm start (warmstart.py): the policy imitates the env's expert before RL
+    bc_episodes: int = doc("expert episodes on train tasks to imitate before RL (0: no warm start; needs env.expert())", 0)
+    bc_epochs: int = doc("passes over the expert episodes", 1)
+    bc_lr: float = doc("learning rate of the warm start (AdamW)", 5e-5)
+    bc_batch: int = doc("expert episodes per rank per warm-start optimizer step", 8)
+    bc_seconds: float = doc("end the warm start's optimizer steps after this many seconds of it (0: no limit); with --model a warm start's directory, the time-matched imitation control of RL", 0.0)
+    # this project's own studies, off by default: the default path is the paper's method and the
+    # published techniques above (docs/results.md reports each study, null results included)
+    curriculum: bool = doc("draw each step's tasks by level, weighting a level by how often its groups were informative "
+                           "(rewards not all equal) so far in the run; off: uniform shuffles of the train split", False)
     positive_only: bool = doc("keep only the positive part of the advantages: episodes better than their group "
                               "are pushed up, worse ones are not pushed down (a filtered self-imitation of the "
                               "policy's own wins); rows left at 0 are skipped", False)
@@ -91,17 +105,6 @@ class Config:
                                  "refused (an action not available there, or none; envs that flag it: BabyAI). A "
                                  "departure from env reward alone; on BabyAI 0.05 taught the policy to only turn "
                                  "(docs/results.md); 0: off", 0.0)
-    gamma: float = doc("discount over policy tokens (reinforce++, ppo); over turns for gigpo's step returns "
-                       "(its paper: 0.95)", 1.0)
-    step_weight: float = doc("gigpo: weight of the step-level advantage beside the episode's (its paper: 1)", 1.0)
-    lam: float = doc("GAE lambda (ppo)", 1.0)
-    grpo_std: bool = doc("divide GRPO advantages by the group std (off: Dr. GRPO)", True)
-    # behaviour-cloning warm start (warmstart.py): the policy imitates the env's expert before RL
-    bc_episodes: int = doc("expert episodes on train tasks to imitate before RL (0: no warm start; needs env.expert())", 0)
-    bc_epochs: int = doc("passes over the expert episodes", 1)
-    bc_lr: float = doc("learning rate of the warm start (AdamW)", 5e-5)
-    bc_batch: int = doc("expert episodes per rank per warm-start optimizer step", 8)
-    bc_seconds: float = doc("end the warm start's optimizer steps after this many seconds of it (0: no limit); with --model a warm start's directory, the time-matched imitation control of RL", 0.0)
     bc_anchor: int = doc("expert episodes (train tasks, a sample of their own) whose NLL, times --bc-coef, joins "
                          "every RL optimizer step, --bc-batch of them per rank: imitation beside RL (0: off; "
                          "needs env.expert())", 0)
