@@ -20,10 +20,10 @@ torchrun, with the `external_launcher` executor, so each rank owns one engine in
 RPC arguments across processes does not work). On GPU, `sleep()` discards weights and KV cache
 (level 2); `sync_weights` brings back the weight memory only and reloads it, `wake()` then brings back
 the KV cache, so the KV cache is never resident while the trainer streams full tensors in. vLLM's CPU
-build has no sleep mode, so on CPU `sleep()` frees the same two things by hand (`_release_cpu`): it
+build has no sleep mode, so on CPU `sleep()` frees the same two things by hand (`release_cpu`): it
 drops every linear layer's packed weight (vLLM's CPU layers multiply with a oneDNN or SGL copy of the
 weight, held by the layer's `cpu_linear` closure) and shrinks the KV cache's storage to nothing. The
-next `sync_weights` packs new weights (the reload repacks every layer it loads; `_restore_cpu` packs the
+next `sync_weights` packs new weights (the reload repacks every layer it loads; `restore_cpu` packs the
 rest, i.e. an LM head tied to the embedding) and `wake()` gives the KV cache its storage back, zeroed
 (the CPU attention kernel reads masked slots too, so garbage there would be NaN). For SmolLM2 with 16
 sequences of 2,048 tokens that is 1.2 GB less in every rank while the trainer updates (the whole
@@ -37,11 +37,12 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import sys
 from dataclasses import dataclass
 from typing import Iterable
 
 import torch
+
+from infra.vllm_cpu import guard_llvmlite, release_cpu, restore_cpu
 
 # oneDNN keeps every GEMM primitive (JIT-compiled kernel) it creates in a process-wide cache, 1024 entries by
 # default. vLLM's CPU linear layers create one per distinct number of tokens in a forward pass, and
@@ -174,7 +175,7 @@ class VLLMEngine:
         vllm_environment(device, kv_cache_bytes)
         from vllm import LLM
 
-        _guard_llvmlite()
+        guard_llvmlite()
         options = dict(model=model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        enforce_eager=device == "cpu",  # the CPU backend has no graph capture
                        enable_prefix_caching=True)      # each turn's prompt extends the last one
@@ -226,7 +227,7 @@ class VLLMEngine:
         # iterator in place; it works only with the in-process executors chosen above.
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         if "weights" in self.released and self.device != "cuda":
-            self.llm.collective_rpc(_restore_cpu, kwargs={"kv": False})  # pack what the reload did not
+            self.llm.collective_rpc(restore_cpu, kwargs={"kv": False})  # pack what the reload did not
         self.released.discard("weights")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
 
@@ -244,7 +245,7 @@ class VLLMEngine:
             if self.device == "cuda":
                 self.llm.sleep(level=2)
             else:
-                self.llm.collective_rpc(_release_cpu)
+                self.llm.collective_rpc(release_cpu)
             self.released = {"weights", "kv_cache"}
 
     def wake(self) -> None:
@@ -255,55 +256,8 @@ class VLLMEngine:
             if self.device == "cuda":
                 self.llm.wake_up(tags=["kv_cache"])  # vLLM resumes scheduling once nothing is left asleep
             else:
-                self.llm.collective_rpc(_restore_cpu, kwargs={"kv": True})
+                self.llm.collective_rpc(restore_cpu, kwargs={"kv": True})
             self.released.clear()
-
-
-def _release_cpu(worker) -> None:
-    """Runs in the (in-process) CPU worker: drop every packed linear weight, shrink the KV cache's
-    storage to 0 bytes (its layers' tensors are views of one storage; they stay valid objects)."""
-    runner = worker.model_runner
-    for module in runner.get_model().modules():
-        if getattr(module, "cpu_linear", None) is not None:
-            module.cpu_linear = None  # the closure held the packed copy; a generate now fails loudly
-    storages = {}
-    for t in runner.kv_caches:
-        storage = t.untyped_storage()
-        storages.setdefault(storage.data_ptr(), (storage, storage.nbytes()))
-    runner.released_kv = list(storages.values())
-    for storage, _ in runner.released_kv:
-        storage.resize_(0)
-
-
-def _restore_cpu(worker, kv: bool) -> None:
-    """Runs in the CPU worker after a weight reload: pack the linear layers the reload left without a
-    packed weight (kv False), or give the KV cache its storage back, zeroed (kv True; the prefix cache
-    was reset by the reload)."""
-    runner = worker.model_runner
-    if kv:
-        for storage, size in getattr(runner, "released_kv", []):
-            storage.resize_(size)
-            # Zeroed, not merely stale: the CPU attention kernel reads whole blocks, masked slots included,
-            # and a NaN left there by the allocator's last user turns every softmax into NaN.
-            torch.empty(0, dtype=torch.uint8).set_(storage).zero_()
-        runner.released_kv = []
-        return
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-    for module in runner.get_model().modules():
-        if hasattr(module, "cpu_linear") and module.cpu_linear is None:
-            dispatch_cpu_unquantized_gemm(module, remove_weight=False)  # e.g. a head tied to the embedding
-
-
-def _guard_llvmlite() -> None:
-    """vLLM's start-up scan over every module attribute calls `vars(value)`. llvmlite's lazy library
-    wrapper (loaded whenever numba is, e.g. by bm25s in the search env) answers any attribute, `__dict__`
-    included, with a wrapped C function, and the scan dies on it ("'_lib_fn_wrapper' object has no
-    attribute 'get'"). Pre-seed its lookup table so `__dict__` is a plain empty dict."""
-    ffi = sys.modules.get("llvmlite.binding.ffi")
-    fntab = getattr(getattr(ffi, "lib", None), "_fntab", None)  # private: llvmlite's cache of wrapped functions
-    if isinstance(fntab, dict):
-        fntab.setdefault("__dict__", {})
 
 
 class HFEngine:

@@ -320,7 +320,8 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
     from transformers import AutoTokenizer
 
     from engine import make_engine
-    from rollout import ChatFormat, Play, abandoned, rollout
+    from infra.envcalls import abandoned
+    from rollout import ChatFormat, Play, rollout
     from models import resolve_model as build
 
     if rank == 0:  # rank 0 builds the tiny model (or converts SmolLM2) once; the others wait
@@ -367,7 +368,7 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
 
 
 def main(argv=None):
-    from rollout import abandoned
+    from infra.envcalls import abandoned
     stuck = abandoned()  # env threads abandoned before this call (main() may run inside a longer process)
     cfg = parse(argv)
     problem = check(cfg)

@@ -26,13 +26,13 @@ their process without waiting for it.
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
 from infra import faults
+from infra.envcalls import abandoned, calls, replace_env
 from engine import Sample, Sampling, stop_ids
 from infra.framing import Framing
 from gigpo import state_key
@@ -130,59 +130,6 @@ class Episode:
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
 
-def _call(fn, *args):
-    """Run an env call, turning any exception into a value: the env boundary must not kill the batch."""
-    try:
-        return fn(*args), None
-    except Exception as exc:  # noqa: BLE001 - any simulator failure becomes a flagged episode
-        return None, f"{type(exc).__name__}: {exc}"
-
-
-_abandoned = 0  # env calls given up on by timeout in this process; their threads may still be running
-
-
-def abandoned() -> int:
-    return _abandoned
-
-
-def _calls(pool: ThreadPoolExecutor, calls: list[tuple], timeout: float | None) -> list[tuple]:
-    """Run each `(fn, *args)` in the pool; [(result, error)] in order. A call that has run for `timeout`
-    seconds is given up on with a TimeoutError-style error; so are calls that could not even start
-    because every pool thread is stuck (no call started or finished for `timeout` seconds)."""
-    global _abandoned
-    starts: list[float | None] = [None] * len(calls)
-
-    def run(i):
-        starts[i] = time.monotonic()
-        return _call(*calls[i])
-
-    futures = [pool.submit(run, i) for i in range(len(calls))]
-    if timeout is None:
-        return [f.result() for f in futures]
-    out: list[tuple | None] = [None] * len(calls)
-    pending, last = set(range(len(calls))), time.monotonic()  # last: when a call last started or finished
-    while pending:
-        wait([futures[i] for i in pending], timeout=min(1.0, timeout))
-        now = time.monotonic()
-        for i in sorted(pending):
-            name = getattr(calls[i][0], "__name__", "call")
-            if futures[i].done():
-                out[i], last = futures[i].result(), now
-            elif starts[i] is not None:
-                last = max(last, starts[i])
-                if now - starts[i] < timeout:
-                    continue
-                out[i] = (None, f"TimeoutError: env.{name} did not return within {timeout:g} s")
-                _abandoned += 1
-            elif now - last >= timeout and futures[i].cancel():
-                out[i] = (None, f"TimeoutError: env.{name} could not start within {timeout:g} s (every env "
-                                "thread is stuck in an earlier call)")
-            else:
-                continue
-            pending.discard(i)
-    return out
-
-
 def reply_seed(seed: int, episode: int, turn: int) -> int:
     """The sampling seed of one reply: a 63-bit hash of (seed, the episode's index among all the episodes
     played with `seed`, turn). A per-rank `seed + i` would give rank r's prompt i+1 and rank r+1's prompt
@@ -220,7 +167,7 @@ class Expert:
 
     def replies(self, envs: list, caps: list[int], pool: ThreadPoolExecutor, timeout: float | None) -> list[Sample]:
         out = []
-        for (text, err), cap in zip(_calls(pool, [(env.expert,) for env in envs], timeout), caps):
+        for (text, err), cap in zip(calls(pool, [(env.expert,) for env in envs], timeout), caps):
             ids = [] if err else self.chat.encode(text) + list(self.chat.stop_ids[:1])
             end = "expert_error" if err else "context" if len(ids) > cap else ""
             out.append(Sample(ids, None, text, end, err or ""))
@@ -238,13 +185,13 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
     """
     if len(envs) < len(tasks):
         raise ValueError(f"{len(tasks)} episodes need as many env instances; got {len(envs)}")
-    own_pool, abandoned_before = pool is None, _abandoned
+    own_pool, abandoned_before = pool is None, abandoned()
     pool = pool or ThreadPoolExecutor(max_workers=min(32, len(tasks)) or 1)
     timing = {"generate": 0.0, "env": 0.0, "other": 0.0}
     start = time.perf_counter()
 
     t = time.perf_counter()
-    firsts = _calls(pool, [(envs[i].reset, tasks[i][0]) for i in range(len(tasks))], play.env_timeout)
+    firsts = calls(pool, [(envs[i].reset, tasks[i][0]) for i in range(len(tasks))], play.env_timeout)
     timing["env"] += time.perf_counter() - t
     episodes = []
     for i, ((task_id, group), (obs, err)) in enumerate(zip(tasks, firsts)):
@@ -252,7 +199,7 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
         ep = Episode(task_id, group, [], 0, messages=opening(instruction, acknowledgement))
         if err is not None:
             ep.end, ep.error = "env_error", err
-            envs[i] = _replace(envs[i], make_env, hung=err.startswith("TimeoutError"))
+            envs[i] = replace_env(envs[i], make_env, hung=err.startswith("TimeoutError"))
         else:
             ep.ids = chat.prompt(instruction, obs, acknowledgement)
             ep.prompt_len = len(ep.ids)
@@ -288,7 +235,7 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
             episodes[i].messages.append({"role": "assistant", "content": text})
             acted.append((i, s, text))
         t = time.perf_counter()
-        results = _calls(pool, [(envs[i].step, text) for i, _, text in acted], play.env_timeout)
+        results = calls(pool, [(envs[i].step, text) for i, _, text in acted], play.env_timeout)
         timing["env"] += time.perf_counter() - t
 
         for (i, s, _), (result, err) in zip(acted, results):
@@ -297,7 +244,7 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
                 err = getattr(env, "error", None) or "simulator crashed"
             if err is not None:
                 ep.end, ep.error = "env_error", err
-                envs[i] = _replace(env, make_env, hung=err.startswith("TimeoutError"))
+                envs[i] = replace_env(env, make_env, hung=err.startswith("TimeoutError"))
                 continue
             obs, ep.reward, done = result
             ep.success = bool(getattr(env, "success", False))
@@ -319,7 +266,7 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
         ep.end = ep.end or "horizon"
         del ep.states[ep.turns:]  # an observation no turn answered (the context was full) is no state of a turn
     if own_pool:  # not waiting for a thread that is stuck in an env call
-        pool.shutdown(wait=_abandoned == abandoned_before)
+        pool.shutdown(wait=abandoned() == abandoned_before)
     timing["other"] = time.perf_counter() - start - timing["generate"] - timing["env"]
     return episodes, timing
 
@@ -332,11 +279,3 @@ def play_rounds(actor, chat: ChatFormat, envs: list, make_env: Callable[[], obje
     for i in range(0, len(tasks), len(envs)):
         episodes += rollout(actor, chat, envs, make_env, tasks[i:i + len(envs)], play, pool, first + i)[0]
     return episodes
-
-
-def _replace(env, make_env, hung: bool = False):
-    if hung:  # its close may hang as well: let it try on a thread nobody waits for
-        threading.Thread(target=_call, args=(env.close,), name="close-hung-env", daemon=True).start()
-    else:
-        _call(env.close)
-    return make_env()

@@ -25,7 +25,8 @@ from infra.distributed import load, print0, setup_distributed, sync
 from infra.runlog import RunLog
 from infra.stepplan import Accumulation, Curriculum
 from models import resolve_model
-from rollout import ChatFormat, Play, abandoned
+from infra.envcalls import abandoned
+from rollout import ChatFormat, Play
 
 
 @dataclass

@@ -226,8 +226,8 @@ def test_vllm_cpu_sleep_releases_by_hand_and_restores_packing_then_kv_cache():
         eng.generate([[1]], engines.Sampling())
     eng.wake()
     eng.wake()
-    assert eng.llm.calls == [("_release_cpu", None), ("reload_weights", ["w"]), ("_restore_cpu", {"kv": False}),
-                             ("reset_prefix_cache",), ("_restore_cpu", {"kv": True})]
+    assert eng.llm.calls == [("release_cpu", None), ("reload_weights", ["w"]), ("restore_cpu", {"kv": False}),
+                             ("reset_prefix_cache",), ("restore_cpu", {"kv": True})]
     assert not eng.released
 
 

@@ -328,8 +328,8 @@ def test_coin_env_numbers_are_consistent_and_greedy_warns(tmp_path, in_process, 
 def test_in_process_evaluation_returns_after_an_earlier_abandoned_env_thread(tmp_path, in_process, monkeypatch):
     """evaluate.main() ends the process only for env threads it abandoned itself: one abandoned earlier in
     the same process (another test, a notebook) made it os._exit(0) and end the caller silently."""
-    import rollout
-    monkeypatch.setattr(rollout, "_abandoned", rollout.abandoned() + 1)
+    from infra import envcalls
+    monkeypatch.setattr(envcalls, "_abandoned", envcalls.abandoned() + 1)
     coin = ["--env", "tests.test_evaluate:Coin", *FAST, "--turns", "1", "--k", "2", "--limit", "2"]
     in_process([*coin, "--out", str(tmp_path / "out")])  # before the fix the test process ended here, exit 0
     assert (tmp_path / "out" / "results.json").exists()

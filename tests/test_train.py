@@ -133,7 +133,7 @@ def test_synced_weights_reach_the_engine(engine, nproc):
 @pytest.mark.slow
 def test_one_step_on_a_real_env_whose_imports_load_numba(tmp_path):
     """The search env imports bm25s, which loads numba/llvmlite before the engine starts; vLLM's
-    start-up must survive that (engine._guard_llvmlite)."""
+    start-up must survive that (infra.vllm_cpu.guard_llvmlite)."""
     torchrun(["--env", "searchqa", "--steps", "1", "--horizon", "2", "--tasks-per-step", "2",
               "--samples-per-task", "2", "--max-tokens", "16", "--out", str(tmp_path)])
     (row,) = metrics(tmp_path)
