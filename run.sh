@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The two newcomer commands, each with its own set-up:
 #   bash run.sh train                    the CPU learning recipe: SmolLM2 on BabyAI, its imitation control, the
-#                                        before/after table (SEED=1 bash run.sh train: another training seed)
+#                                        before/after table (SEED=1: another training seed; ENV=sciworld: SciWorld)
 #   bash run.sh train [train.py flags]   train.py with those flags (2 ranks), e.g. --env textcraft for the tiny model
 #   bash run.sh test  [pytest flags]     run the test suite
 # Set-up: creates .venv (or refreshes it when requirements.txt changed) with the exact pinned packages,
@@ -47,38 +47,47 @@ case "$cmd" in
       report "$(python -c 'import sys, config; print(config.derive(config.parse(sys.argv[1:])).out)' "$@")"
       exit
     fi
-    # No flags: the CPU learning recipe (recipes.smollm2; in-training evaluation on the validation split) for
-    # training seed SEED (default 0); then its control, the warm start continued by imitation alone on new
-    # expert episodes for the wall time RL took; then final evaluations of the untrained model (once for
-    # all seeds), the warm start, the control and the RL result on the whole 200-task test split x 2
-    # samples, the same decoding for all; their table with paired bootstrap intervals; and the result
-    # folder to commit (RESULTS, default results/babyai-smollm2-seedSEED). `python -m lab.report results/A
-    # results/B ...` sets seeds side by side. Each training run ends with its report.html (lab/runreport.py).
+    # No flags: the CPU learning recipe (recipes.smollm2; in-training evaluation on the validation split) on
+    # ENV (babyai, the default, or sciworld) for training seed SEED (default 0); then its control, the warm
+    # start continued by imitation alone on new expert episodes for the wall time RL took; then final
+    # evaluations of the untrained model (once for all seeds), the warm start, the control and the RL result
+    # on the first LIMIT (default 200) test tasks x 2 samples, with the run's own env options, turn budget
+    # and reply cap (its config.json), the same decoding for all; their table with paired bootstrap
+    # intervals; and the result folder to commit (RESULTS, default results/ENV-smollm2-seedSEED).
+    # `python -m lab.report results/A results/B ...` sets seeds side by side. Each training run ends with its
+    # report.html (lab/runreport.py).
+    env=${ENV:-babyai}
     seed=${SEED:-0}
-    out=runs/babyai-smollm2-seed$seed
-    results=${RESULTS:-results/babyai-smollm2-seed$seed}
+    out=runs/$env-smollm2-seed$seed
+    results=${RESULTS:-results/$env-smollm2-seed$seed}
     launch=(python -m infra.lifeline --standalone --nproc_per_node "${NPROC:-2}")
     resume=()
     if compgen -G "$out/checkpoints/step_*" > /dev/null || [ -e "$out/warmstart/config.json" ]; then resume=(--resume); fi
-    "${launch[@]}" train.py --preset smollm2 --seed "$seed" --out "$out" "${resume[@]}"
+    [ -e "$out/eval-rl/results.json" ] || "${launch[@]}" train.py --preset smollm2 --env "$env" --seed "$seed" --out "$out" "${resume[@]}"
     report "$out"
     # RL's wall time: its steps' (a resumed step counts once), without the validation evaluations
     rl_seconds=$(python -c "import json, sys; t = {d['step']: d.get('time/step', 0) for d in map(json.loads, open(sys.argv[1]))}; print(round(sum(t.values())))" "$out/metrics.jsonl")
     if [ ! -e "$out-imitation/warmstart/config.json" ]; then
+      # enough new demonstrations to fill that time: BabyAI's expert plays in milliseconds, SciWorld's in about
+      # a second, and imitating one takes about 4.5 s there (recipes.sciworld_recipe)
+      demos=$([ "$env" = sciworld ] && echo $((rl_seconds * 2 / 5)) || echo 4000)
       echo "control: imitation from the warm start for ${rl_seconds}s, the time RL's steps took"
-      "${launch[@]}" train.py --preset smollm2 --model "$out/warmstart" --seed $((seed + 1000)) --steps 0 \
-        --bc-episodes 4000 --bc-seconds "$rl_seconds" --out "$out-imitation"
+      "${launch[@]}" train.py --preset smollm2 --env "$env" --model "$out/warmstart" --seed $((seed + 1000)) --steps 0 \
+        --bc-episodes "$demos" --bc-seconds "$rl_seconds" --out "$out-imitation"
       report "$out-imitation"
     fi
+    # the evaluation's settings are the training run's: env options, largest turn budget, reply and context caps
+    read -r opts turns tokens context < <(python -c "import json, sys, schedule; c = json.load(open(sys.argv[1]))
+print(c['env_options'].replace(' ', ''), max(schedule.parse(c['horizon']).budgets), c['max_tokens'], c['max_context'])" "$out/config.json")
     evaluate() {  # LABEL MODEL DIR: skipped when DIR holds a finished evaluation
-      [ -e "$3/results.json" ] || "${launch[@]}" evaluate.py --env babyai --env-options '{"brief": true}' --model "$2" \
-        --split test --k 2 --turns 8 --max-tokens 40 --max-context 2048 --out "$3"
+      [ -e "$3/results.json" ] || "${launch[@]}" evaluate.py --env "$env" --env-options "$opts" --model "$2" \
+        --split test --limit "${LIMIT:-200}" --k 2 --turns "$turns" --max-tokens "$tokens" --max-context "$context" --out "$3"
     }
-    evaluate untrained smollm2 runs/babyai-smollm2-untrained
+    evaluate untrained smollm2 runs/$env-smollm2-untrained
     evaluate warm-start "$out/warmstart" "$out/eval-warmstart"
     evaluate imitation "$out-imitation/warmstart" "$out/eval-imitation"
     evaluate rl "$out" "$out/eval-rl"
-    evals=(untrained=runs/babyai-smollm2-untrained warm-start="$out/eval-warmstart"
+    evals=(untrained=runs/$env-smollm2-untrained warm-start="$out/eval-warmstart"
            "warm start + imitation"="$out/eval-imitation" "warm start + GRPO"="$out/eval-rl")
     python -m lab.report "${evals[@]}" | tee "$out/before_after.md"
     [ -e "$results/manifest.json" ] || python -m lab.report --publish "$out" "$results" "${evals[@]}" > /dev/null
