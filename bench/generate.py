@@ -1,0 +1,190 @@
+"""The generator as train.py builds it, beside the machine's memory-bandwidth bound.
+
+    python bench/generate.py [--batch 16] [--prompt 600] [--new 32] [--threads 1] [--episodes RUN/episodes.jsonl]
+
+One process plays one rank: `engine.make_engine` (vLLM's CPU build, in-process) for SmolLM2-135M-Instruct in
+the compute dtype `--dtype auto` picks, with the recipe's per-rank batch (`--batch`: 8 tasks x 4 samples over
+2 ranks) and its thread split (`--threads 1`: torchrun gives each of 2 ranks one thread on 2 cores). Measured
+side by side in one run, every figure with the CPU's name:
+
+- read bandwidth: a float32 sum over 512 MB, with `--threads` threads and with every core;
+- the bound of one decode step: the weights' bytes read once, at that bandwidth; and with the KV cache of
+  the batch at its prompt length read as well (attention reads every cached token of every sequence);
+- decode, ms per step, at `--batch` and at 1: (time for `--new` tokens - time for 1) / (`--new` - 1), the
+  prompts already prefix-cached, every request running to `--new` tokens (ignore_eos). Three sampler
+  settings: the project's (temperature 1, the sampled token's logprob: a log-softmax over the vocabulary),
+  without the logprob, and greedy without it, so the sampler's share shows;
+- prefill, tokens/s, on fresh prompts;
+- stragglers, from a recipe run's episodes.jsonl (`--episodes`): a turn's generate call runs until its
+  longest reply ends; the share of its decode steps during which more than half of the batch is still live.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def bandwidth(threads: int, mbytes: int = 512, repeats: int = 5) -> float:
+    """Read bandwidth in GB/s: the best of `repeats` float32 sums over `mbytes` MB with `threads` threads."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    x = torch.ones(mbytes * 2**20 // 4)
+    x.sum()  # touch every page once
+    best = min(_timed(lambda: x.sum()) for _ in range(repeats))
+    torch.set_num_threads(before)
+    return x.numel() * 4 / best / 1e9
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def stragglers(path: Path) -> dict:
+    """From a run's episodes.jsonl: per (step, turn), the sampled reply lengths of the episodes that took
+    that turn; a generate call runs max(lengths) decode steps, and at step s the live sequences are those
+    longer than s. Returns the share of decode steps with more than half of the batch live."""
+    turns: dict[tuple, list[int]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        replies = [seg["tokens"] for seg in row.get("segments", []) if seg.get("trained")]
+        for t, n in enumerate(replies):
+            turns.setdefault((row["step"], t), []).append(n)
+    steps = busy = 0
+    for lengths in turns.values():
+        longest = max(lengths)
+        steps += longest
+        busy += sum(sum(n > s for n in lengths) > len(lengths) / 2 for s in range(longest))
+    return {"turn_calls": len(turns), "decode_steps": steps, "half_live_share": busy / max(steps, 1)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=16, help="one rank's episodes per generate call (the recipe: 16)")
+    p.add_argument("--prompt", type=int, default=600, help="prompt tokens (a mid-episode BabyAI context)")
+    p.add_argument("--new", type=int, default=32, help="decode steps timed per call")
+    p.add_argument("--threads", type=int, default=1, help="threads of the rank (torchrun: cores / ranks)")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bfloat16 or float32")
+    p.add_argument("--episodes", type=Path, help="a recipe run's episodes.jsonl, for the straggler share")
+    p.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    args = p.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    import torch
+    import config
+    from engine import make_engine
+    from models import resolve_model
+
+    cores = os.cpu_count() or 1
+    bw = {"rank": bandwidth(args.threads), "all": bandwidth(cores)}
+    torch.set_num_threads(args.threads)
+    model_dir = resolve_model("smollm2")
+    dtype = config.compute_dtype(args.dtype, "cpu", "smollm2")
+    engine = make_engine(model_dir, "vllm", "cpu", dtype, 2048, 0, max_seqs=args.batch)
+    weights = _weight_bytes(model_dir, dtype)
+    kv = _kv_bytes(model_dir, dtype, args.batch, args.prompt)
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = 49152
+
+    def prompts(n: int) -> list:
+        return [TokensPrompt(prompt_token_ids=torch.randint(100, vocab, (args.prompt,), generator=gen).tolist())
+                for _ in range(n)]
+
+    settings = {"project (T=1, logprob)": dict(temperature=1.0, logprobs=0),
+                "T=1, no logprob": dict(temperature=1.0), "greedy, no logprob": dict(temperature=0.0)}
+
+    def run(batch: list, tokens: int, kw: dict) -> float:
+        sp = SamplingParams(max_tokens=tokens, ignore_eos=True, detokenize=False, seed=None, **kw)
+        return _timed(lambda: engine.llm.generate(batch, [sp] * len(batch), use_tqdm=False))
+
+    rows = {}
+    for size in (args.batch, 1):
+        batch = prompts(size)
+        run(batch, 1, settings["project (T=1, logprob)"])  # prefill once: later calls hit the prefix cache
+        for name, kw in settings.items():
+            one = min(run(batch, 1, kw) for _ in range(2))
+            full = min(run(batch, args.new, kw) for _ in range(2))
+            rows[f"decode ms/step, batch {size}, {name}"] = 1000 * (full - one) / (args.new - 1)
+        fresh = prompts(size)
+        rows[f"prefill tokens/s, batch {size}"] = size * args.prompt / run(fresh, 1, settings["project (T=1, logprob)"])
+    bound = 1000 * weights / (bw["rank"] * 1e9)
+    bound_kv = 1000 * (weights + kv) / (bw["rank"] * 1e9)
+    figures = {"cpu": cpu_name(), "threads": args.threads, "dtype": dtype, "batch": args.batch, "prompt": args.prompt,
+               "bandwidth_gbs": bw, "weight_bytes": weights, "kv_bytes_at_prompt": kv,
+               "bound_ms": bound, "bound_with_kv_ms": bound_kv, **rows}
+    if args.episodes:
+        figures["stragglers"] = stragglers(args.episodes)
+    print(f"CPU: {figures['cpu']} ({cores} cores), {dtype}, {args.threads} thread(s) a rank")
+    print(f"read bandwidth: {bw['rank']:.1f} GB/s ({args.threads} thread), {bw['all']:.1f} GB/s ({cores})")
+    print(f"weights {weights / 1e6:.0f} MB, KV cache of {args.batch} x {args.prompt} tokens {kv / 1e6:.0f} MB")
+    print("| figure | value | against the bound |")
+    print("|---|---|---|")
+    print(f"| bound: weights read once | {bound:.1f} ms | |")
+    print(f"| bound: weights + the batch's KV cache | {bound_kv:.1f} ms | |")
+    for name, value in rows.items():
+        if name.startswith("decode"):
+            ref = bound_kv if f"batch {args.batch}," in name else bound
+            print(f"| {name} | {value:.1f} ms | {value / ref:.1f}x |")
+        else:
+            print(f"| {name} | {value:,.0f} | |")
+    if args.episodes:
+        s = figures["stragglers"]
+        print(f"| stragglers ({args.episodes.name}): decode steps with > half the batch live | "
+              f"{100 * s['half_live_share']:.0f}% of {s['decode_steps']:,} | |")
+    if args.out:
+        args.out.write_text(json.dumps(figures, indent=1) + "\n")
+    engine.close()
+    return 0
+
+
+def _weight_bytes(model_dir: str, dtype: str) -> int:
+    """Bytes of the weights one decode step reads: every parameter once in the compute dtype (the tied
+    embedding counted once: the LM head reads it, the input side only one row per sequence)."""
+    from safetensors import safe_open
+    size = 2 if dtype == "bfloat16" else 4
+    total = 0
+    for f in Path(model_dir).glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            for name in st.keys():
+                total += _numel(st.get_slice(name).get_shape())
+    return total * size
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _kv_bytes(model_dir: str, dtype: str, batch: int, tokens: int) -> int:
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_token = 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * head
+    return batch * tokens * per_token * (2 if dtype == "bfloat16" else 4)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
