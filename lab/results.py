@@ -20,7 +20,7 @@ import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from lab.stats import clustered_se, k_values, naive_se, paired_table, pairs, stats, task_means
+from lab.stats import clustered_se, k_values, naive_se, paired, paired_table, pairs, stats, task_means
 
 RUN_FILES = ("config.json", "metrics.jsonl", "evals.jsonl", "provenance.jsonl")
 OUTCOME_KEYS = ("task_id", "subtask", "sample", "budget", "reward", "success", "turns", "end")
@@ -121,7 +121,7 @@ def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], kee
         if not (src / "results.json").exists():
             raise SystemExit(f"error: {src} has no results.json: not a finished evaluate.py output ({label})")
     dest.mkdir(parents=True, exist_ok=True)
-    manifest = {"run": str(run_dir) if run_dir else None, "evals": [], "published": provenance()}
+    manifest = {"run": str(run_dir) if run_dir else None, "evals": [], "published": provenance(), "by_subtask": True}
     if run_dir is not None:
         (dest / "run").mkdir()
         for name in RUN_FILES:
@@ -207,9 +207,28 @@ def render(dest: Path, resamples: int = 10_000, seed: int = 0) -> str:
                          *[f"{100 * row[f'pass@{j}']:.1f}" if f"pass@{j}" in row else "" for j in ks]]
                 lines.append("| " + " | ".join(map(str, cells)) + " |")
         lines += paired_table(runs, resamples, seed)
+        if manifest.get("by_subtask"):
+            lines += subtask_table(runs, resamples, seed)
         lines += actions_table([(e["label"], dest / e["dir"] / "actions.json") for e in manifest["evals"]])
     lines += validation_curve(dest / "run")
     return "\n".join(lines) + "\n"
+
+
+def subtask_table(runs: list[tuple[str, list[dict]]], resamples: int = 10_000, seed: int = 0) -> list[str]:
+    """The paired differences within each subtask (task type): the same bootstrap over that subtask's tasks
+    (none when there is only one evaluation)."""
+    lines = []
+    for sub in sorted({r["subtask"] for _, recs in runs for r in recs}):
+        for d in paired([(label, [r for r in recs if r["subtask"] == sub]) for label, recs in runs], resamples, seed):
+            if "skipped" not in d:
+                s, r = d["success"], d["reward"]
+                lines.append(f"| {sub} | {d['budget']} | {d['after']} | {d['before']} | {s['tasks']} | "
+                             f"{100 * s['diff']:+.1f} [{100 * s['lo']:+.1f}, {100 * s['hi']:+.1f}] | "
+                             f"{r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] |")
+    head = ["", "## Paired differences per subtask (the same bootstrap, over that subtask's tasks)", "",
+            "| subtask | turns | after | before | tasks | success, points [95% interval] | Avg reward [95% interval] |",
+            "|---|---|---|---|---|---|---|"]
+    return head + lines if lines else []
 
 
 def actions_table(files: list[tuple[str, Path]], top: int = 5) -> list[str]:
@@ -280,8 +299,6 @@ def seeds_table(dests: list[Path], resamples: int = 10_000, seed: int = 0) -> st
     """Several result folders of one recipe, one per training seed, evaluated alike: every paired
     difference (later minus earlier evaluation, same labels in each folder) per seed with its task-level
     interval, whether that interval lies above 0, and the mean over seeds of the point differences."""
-    from lab.stats import paired
-
     per_seed = []
     for dest in dests:
         manifest = json.loads((dest / "manifest.json").read_text())

@@ -174,6 +174,11 @@ def test_publish_and_regenerate(run_dir, evals, tmp_path):
     assert sum(sum(c.values()) for c in mix.values()) == sum(
         sum(m["role"] == "assistant" for m in r["messages"]) for r in source)
     assert "## Actions per subtask" in md
+    for sub in sorted({r["subtask"] for r in source}):  # per subtask, the same bootstrap over its tasks only
+        part = [(label, [r for r in E.load_transcripts(d / "transcripts.jsonl", 4)[0] if r["subtask"] == sub])
+                for label, d in evals]
+        d = R.paired(part)[0]["reward"]
+        assert f"| {sub} | 1 | seed 2 | seed 1 | {d['tasks']} |" in md and f"| {d['diff']:+.3f} [{d['lo']:+.3f}, " in md
     curve = md.split("## Validation curve")[1].strip().splitlines()[4:]
     assert [line.split(" | ")[0] for line in curve] == ["| 0", "| 1", "| 2"] and all(line.endswith("| yes |") for line in curve)
 
