@@ -235,25 +235,24 @@ def _cgroup_limit() -> float | None:
     return None
 
 
-def _mem_available() -> float | None:
+def _proc_kib(path: str, field: str) -> float | None:
+    """A `field:  N kB` line of a /proc file, in bytes (None off Linux or when absent)."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024.0
     except OSError:
         pass
     return None
 
 
+def _mem_available() -> float | None:
+    return _proc_kib("/proc/meminfo", "MemAvailable")
+
+
 def rss_bytes() -> float:
     """This process's resident size now (0 off Linux)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024.0
-    except OSError:
-        pass
-    return 0.0
+    return _proc_kib("/proc/self/status", "VmRSS") or 0.0
 
 
 def available(local_world: int, device: str = "cpu") -> tuple[float, str]:
