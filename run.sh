@@ -34,7 +34,8 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "note: chromium is missing; the browser backend and its tests need it: apt-get install -y chromium (as root)" >&2
   fi
 fi
-export PATH="$PWD/$VENV/bin:$PATH" TOKENIZERS_PARALLELISM=false
+case $VENV in /*) ;; *) VENV=$PWD/$VENV ;; esac  # an absolute VENV works too
+export PATH="$VENV/bin:$PATH" TOKENIZERS_PARALLELISM=false
 cmd=${1:-}
 shift || true
 case "$cmd" in
