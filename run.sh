@@ -91,7 +91,7 @@ print(c['env_options'].replace(' ', ''), max(schedule.parse(c['horizon']).budget
     evals=(untrained=runs/$env-smollm2-untrained warm-start="$out/eval-warmstart"
            "warm start + imitation"="$out/eval-imitation" "warm start + GRPO"="$out/eval-rl")
     python -m lab.report "${evals[@]}" | tee "$out/before_after.md"
-    [ -e "$results/manifest.json" ] || python -m lab.report --publish "$out" "$results" "${evals[@]}" > /dev/null
+    [ -e "$results/manifest.json" ] || python -m lab.report --publish "$out" "$results" --control "$out-imitation" "${evals[@]}" > /dev/null
     echo "result folder: $results (python -m lab.report $results prints its tables)" ;;
   test) exec python -m pytest "$@" ;;
   *) echo "usage: bash run.sh train [flags] | bash run.sh test [pytest flags]" >&2; exit 2 ;;

@@ -24,6 +24,7 @@ Test: python -m pytest tests/test_warmstart.py
 """
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
@@ -160,7 +161,11 @@ def run(run, warm_dir) -> None:
     episodes = demonstrations(run, cfg.bc_episodes, cfg.seed)
     trained = [p for p in policy.parameters() if p.requires_grad]  # --train-layers may freeze some
     optimizer = torch.optim.AdamW(trained, lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
-    progress = lambda k, total, nll: print0(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")  # noqa: E731
+    log = []  # warmstart.jsonl: the warm start's own metrics (a control run has no RL step to log)
+
+    def progress(k: int, total: int, nll: float) -> None:
+        log.append({"step": k, "nll": nll, "time": time.perf_counter() - t})
+        print0(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")
     # --bc-seconds counts from the start of the warm start (expert episodes included), like RL's wall time
     budget = max(cfg.bc_seconds - (time.perf_counter() - t), 1e-9) if cfg.bc_seconds else 0.0
     losses = clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens, cfg.seed,
@@ -173,3 +178,8 @@ def run(run, warm_dir) -> None:
     cut = f" (--bc-seconds {cfg.bc_seconds:g} reached: {len(losses)} optimizer steps)" if cfg.bc_seconds else ""
     nll = f"NLL {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "no optimizer step"
     print0(f"warm start done in {time.perf_counter() - t:.0f}s{cut}: {nll}; saved {warm_dir}")
+    (demos,) = all_sum(len(episodes))  # collective: every rank calls it
+    if run.rank == 0:
+        done = {"done": True, "demonstrations": int(demos), "optimizer_steps": len(losses),
+                "seconds": time.perf_counter() - t, "bc_seconds": cfg.bc_seconds}
+        (warm_dir.parent / "warmstart.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*log, done]))

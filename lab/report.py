@@ -20,8 +20,9 @@ from lab.stats import compare, load_evals, paired_table
 USAGE = """usage:
   python -m lab.report results/NAME                      the tables of a result folder, from its files only
   python -m lab.report results/A results/B ...           one recipe's seeds: each paired difference per seed, the mean
-  python -m lab.report --publish RUN_DIR results/NAME [LABEL=EVAL_DIR ...]
-                                                         make a result folder (RUN_DIR: train.py's --out, or -)
+  python -m lab.report --publish RUN_DIR results/NAME [--control CONTROL_DIR] [LABEL=EVAL_DIR ...]
+                                                         make a result folder (RUN_DIR: train.py's --out, or -;
+                                                         CONTROL_DIR: the imitation control's --out)
   python -m lab.report RUN_DIR [LABEL=EVAL_DIR ...]     RUN_DIR/report.html: curves, tables, episodes (lab/runreport.py)
   python -m lab.report LABEL=EVAL_DIR [LABEL=EVAL_DIR ...]   before/after table of evaluate.py outputs"""
 
@@ -31,10 +32,13 @@ def main(args: list[str]) -> None:
         raise SystemExit(USAGE)
     if args[0] == "--publish":
         from lab.results import publish
-        if len(args) < 3 or any("=" not in a for a in args[3:]):
+        rest, control = args[3:], None
+        if rest[:1] == ["--control"] and len(rest) > 1:
+            rest, control = rest[2:], Path(rest[1])
+        if len(args) < 3 or any("=" not in a for a in rest):
             raise SystemExit(USAGE)
-        evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in args[3:])]
-        print(publish(None if args[1] == "-" else Path(args[1]), Path(args[2]), evals), end="")
+        evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in rest)]
+        print(publish(None if args[1] == "-" else Path(args[1]), Path(args[2]), evals, control=control), end="")
     elif "=" not in args[0] and (Path(args[0]) / "metrics.jsonl").exists() and all("=" in a for a in args[1:]):
         from lab import runreport
         evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in args[1:])]

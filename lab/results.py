@@ -8,13 +8,16 @@ SE, Pass@k, the paired task-level bootstrap; and the in-training validation curv
 Everything a table needs and no weights: run/ (train.py's config.json, metrics.jsonl, in-training
 validation outcomes evals.jsonl, provenance.jsonl), one evals/<label>/ per evaluation (its settings,
 per-task outcomes, the mix of actions per subtask over all its transcripts and how many of those actions
-the env refused, a few trimmed transcripts,
-the commits that produced them), manifest.json and tables.md. `publish` writes a folder, `render` rebuilds every table from its files only; lab/report.py's
+the env refused, a few trimmed transcripts to read, every transcript as evaluate.py wrote it, compressed
+(transcripts-all.jsonl.xz: `xz -dc` reads it), the commits that produced them), control/ when the recipe
+has a same-time imitation control (that training run's own config.json, metrics.jsonl, provenance.jsonl),
+manifest.json and tables.md. `publish` writes a folder, `render` rebuilds every table from its files only; lab/report.py's
 command line calls both. Tests: python -m pytest tests/test_report.py
 """
 from __future__ import annotations
 
 import json
+import lzma
 import re
 import shutil
 from collections import Counter, defaultdict
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from lab.stats import clustered_se, k_values, naive_se, paired, paired_table, pairs, stats, task_means
 
-RUN_FILES = ("config.json", "metrics.jsonl", "evals.jsonl", "provenance.jsonl")
+RUN_FILES = ("config.json", "metrics.jsonl", "evals.jsonl", "provenance.jsonl", "warmstart.jsonl")
 OUTCOME_KEYS = ("task_id", "subtask", "sample", "budget", "reward", "success", "turns", "end")
 SIZE_LIMIT = 2_000_000  # bytes: a result folder is evidence, not an archive
 
@@ -106,7 +109,7 @@ def refused_turns(records: list[dict], env: str) -> dict[str, dict[str, int]] | 
 
 
 def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], keep: int = 3,
-            limit: int = SIZE_LIMIT) -> str:
+            limit: int = SIZE_LIMIT, control: Path | None = None) -> str:
     """Copy the evidence of a run and its evaluations into `dest` (the files listed at the top) and
     write tables.md; returns the tables. Refuses a `dest` that holds files; removes what it wrote when
     the folder ends up over `limit` bytes, and says which files are the largest."""
@@ -115,18 +118,22 @@ def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], kee
 
     if dest.exists() and any(dest.iterdir()):
         raise SystemExit(f"error: {dest} holds files already; remove it or choose another name")
-    if run_dir is not None and not (run_dir / "config.json").exists():
-        raise SystemExit(f"error: {run_dir} has no config.json: not a train.py output directory")
+    for d in (run_dir, control):
+        if d is not None and not (d / "config.json").exists():
+            raise SystemExit(f"error: {d} has no config.json: not a train.py output directory")
     for label, src in evals:
         if not (src / "results.json").exists():
             raise SystemExit(f"error: {src} has no results.json: not a finished evaluate.py output ({label})")
     dest.mkdir(parents=True, exist_ok=True)
     manifest = {"run": str(run_dir) if run_dir else None, "evals": [], "published": provenance(), "by_subtask": True}
-    if run_dir is not None:
-        (dest / "run").mkdir()
-        for name in RUN_FILES:
-            if (run_dir / name).exists():
-                shutil.copyfile(run_dir / name, dest / "run" / name)
+    if control is not None:
+        manifest["control"] = str(control)
+    for folder, src in (("run", run_dir), ("control", control)):
+        if src is not None:
+            (dest / folder).mkdir()
+            for name in RUN_FILES:
+                if (src / name).exists():
+                    shutil.copyfile(src / name, dest / folder / name)
     for label, src in evals:
         folder = dest / "evals" / _slug(label)
         if folder.exists():
@@ -148,6 +155,8 @@ def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], kee
         (folder / "transcripts.jsonl").write_text("".join(
             json.dumps({**{k: r[k] for k in OUTCOME_KEYS}, "error": r.get("error", "")[:300],
                         "messages": trim(r["messages"])}) + "\n" for r in shown))
+        # every episode, byte for byte, for a later question no table foresaw (SciWorld's 400 are ~50 KB)
+        (folder / "transcripts-all.jsonl.xz").write_bytes(lzma.compress((src / "transcripts.jsonl").read_bytes()))
         if (src / "provenance.jsonl").exists():
             shutil.copyfile(src / "provenance.jsonl", folder / "provenance.jsonl")
         manifest["evals"].append({"label": label, "dir": f"evals/{_slug(label)}", "source": str(src)})
@@ -181,6 +190,8 @@ def render(dest: Path, resamples: int = 10_000, seed: int = 0) -> str:
         cfg = json.loads((dest / "run" / "config.json").read_text())
         lines += [f"Training run: env `{cfg['env']}`, model `{cfg['model']}`, {cfg['algo']}, {cfg['steps']} steps; "
                   f"commit {_commit(_jsonl(dest / 'run' / 'provenance.jsonl'))}.", ""]
+    if (dest / "control").exists():
+        lines += [control_line(dest / "control"), ""]
     if runs:
         lines += ["## Evaluations", ""]
         decoding = ("split", "k", "temperature", "top_p", "max_tokens", "max_context", "prompt_style", "env_options")
@@ -212,6 +223,21 @@ def render(dest: Path, resamples: int = 10_000, seed: int = 0) -> str:
         lines += actions_table([(e["label"], dest / e["dir"] / "actions.json") for e in manifest["evals"]])
     lines += validation_curve(dest / "run")
     return "\n".join(lines) + "\n"
+
+
+def control_line(folder: Path) -> str:
+    """One sentence on the imitation control's own training run: from which model, how many demonstrations
+    and optimizer steps in how long, against the time it was given (RL's steps' wall time)."""
+    cfg = json.loads((folder / "config.json").read_text())
+    rows = _jsonl(folder / "warmstart.jsonl")
+    done = next((r for r in rows if r.get("done")), None)
+    nll = [r["nll"] for r in rows if "nll" in r]
+    did = (f"{done['demonstrations']} successful demonstrations, {done['optimizer_steps']} optimizer steps in "
+           f"{done['seconds']:.0f} s" + (f", NLL {nll[0]:.3f} -> {nll[-1]:.3f} per token" if nll else "")
+           if done else "no warmstart.jsonl (published before the warm start logged itself)")
+    return (f"Imitation control: from `{cfg['model']}`, {cfg['bc_episodes']} expert episodes played, imitated for at "
+            f"most {cfg['bc_seconds']:g} s (RL's steps' time): {did}; commit "
+            f"{_commit(_jsonl(folder / 'provenance.jsonl'))}.")
 
 
 def subtask_table(runs: list[tuple[str, list[dict]]], resamples: int = 10_000, seed: int = 0) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import lzma
 import math
 import subprocess
 import sys
@@ -148,10 +149,12 @@ def test_publish_and_regenerate(run_dir, evals, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lab.report", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    assert files == ["evals/seed-1/actions.json", "evals/seed-1/config.json", "evals/seed-1/outcomes.jsonl", "evals/seed-1/provenance.jsonl",
-                     "evals/seed-1/transcripts.jsonl", "evals/seed-2/actions.json", "evals/seed-2/config.json", "evals/seed-2/outcomes.jsonl",
-                     "evals/seed-2/provenance.jsonl", "evals/seed-2/transcripts.jsonl", "manifest.json",
+    each = ["actions.json", "config.json", "outcomes.jsonl", "provenance.jsonl", "transcripts-all.jsonl.xz", "transcripts.jsonl"]
+    assert files == [*[f"evals/seed-{i}/{f}" for i in (1, 2) for f in each], "manifest.json",
                      "run/config.json", "run/evals.jsonl", "run/metrics.jsonl", "run/provenance.jsonl", "tables.md"]
+    for label, d in evals:  # every transcript, byte for byte
+        kept = lzma.decompress((dest / "evals" / RS._slug(label) / "transcripts-all.jsonl.xz").read_bytes())
+        assert kept == (d / "transcripts.jsonl").read_bytes() and len(kept.splitlines()) == 24
     assert sum(p.stat().st_size for p in dest.rglob("*")) < 200_000 and not list(dest.rglob("*.safetensors"))
     manifest = json.loads((dest / "manifest.json").read_text())
     assert len(manifest["published"]["commit"]) == 40 and manifest["evals"][1]["label"] == "seed 2"

@@ -91,6 +91,17 @@ def test_imitation_only_run_continues_a_warm_start_within_its_time_budget(tmp_pa
     assert (control / "warmstart" / "model.safetensors").exists()
     assert (control / "metrics.jsonl").read_text() == ""  # no RL step
     assert len((control / "evals.jsonl").read_text().splitlines()) == 2  # the control model on validation
+    rows = [json.loads(line) for line in (control / "warmstart.jsonl").read_text().splitlines()]
+    done = rows[-1]  # the control's own metrics: its steps' NLL and clock, then the summary
+    assert done["done"] and done["bc_seconds"] == 0.5 and done["optimizer_steps"] == len(rows) - 1
+    assert [r["step"] for r in rows[:-1]] == list(range(1, len(rows))) and 0 < done["demonstrations"] <= 40
+    from lab import results
+    dest = tmp_path / "published"  # published beside the RL run, its line in the tables
+    md = results.publish(first, dest, [], control=control)
+    assert (dest / "control" / "warmstart.jsonl").read_bytes() == (control / "warmstart.jsonl").read_bytes()
+    assert (f"Imitation control: from `{first / 'warmstart'}`, 40 expert episodes played, imitated for at most 0.5 s "
+            f"(RL's steps' time): {done['demonstrations']} successful demonstrations, {done['optimizer_steps']} "
+            "optimizer steps in") in md
 
 
 def test_nll_backward_scales_its_gradient(chat):
