@@ -82,8 +82,8 @@ def nll_backward(model, batch: dict, chunk: list[int], micro_tokens: int, reduce
 def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes: int, micro_tokens: int,
           seed: int, pad_id: int, reduce_sum, reduce_max, world: int, progress=None, seconds: float = 0.0) -> list[float]:
     """Minimise -log p(expert tokens) over `epochs` passes, `batch_episodes` episodes of this rank per
-    optimizer step, stopping early once `seconds` (> 0) have passed (the slowest rank's clock decides, so
-    all stop at the same step). Returns the mean NLL per policy token of each step (over all ranks)."""
+    optimizer step, stopping early once `seconds` (> 0) have passed on any rank (so all stop at the same
+    step, even when each rank's budget differs: train.py gives each the time its demonstrations left). Returns the mean NLL per policy token of each step (over all ranks)."""
     steps = -(-len(episodes) // batch_episodes)
     n_real = len(episodes)
     batch = demo_batch(episodes, pad_id)
@@ -93,7 +93,10 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
     for _ in range(epochs):
         order = torch.randperm(n_real, generator=gen).tolist()
         for s in range(n_steps):
-            if seconds and reduce_max(int(1000 * (time.perf_counter() - start)) + 1) > 1000 * seconds:  # whole ms
+            # One verdict for all ranks: any rank past its own budget stops them all. (Comparing the slowest
+            # clock with each rank's own budget split them when budgets differed: one rank left, the other
+            # waited forever in its next collective.)
+            if seconds and reduce_max(int(time.perf_counter() - start > seconds)):
                 return losses
             chunk = order[s * batch_episodes:(s + 1) * batch_episodes]
             mean_nll = nll_backward(model, batch, chunk, micro_tokens, reduce_sum, reduce_max, world)

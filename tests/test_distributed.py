@@ -7,6 +7,7 @@
 - `distributed.shard` puts trained models in train mode (so activation checkpointing really runs) and the
   frozen reference in eval mode.
 """
+import datetime
 import functools
 import os
 import random
@@ -26,10 +27,11 @@ import train
 WORLD = 2
 
 
-def _run(rank, fn, init_file, backend, results):
+def _run(rank, fn, init_file, backend, results, timeout=None):
     store = dist.FileStore(init_file, WORLD)
     try:
-        dist.init_process_group(backend, store=store, rank=rank, world_size=WORLD)
+        extra = {"timeout": datetime.timedelta(seconds=timeout)} if timeout else {}  # a hang becomes an error
+        dist.init_process_group(backend, store=store, rank=rank, world_size=WORLD, **extra)
         results[rank] = fn(rank)
     except Exception:  # noqa: BLE001 - sent back to the test, which fails with it
         results[rank] = "ERROR " + traceback.format_exc()
@@ -42,10 +44,10 @@ def _run(rank, fn, init_file, backend, results):
             dist.destroy_process_group()
 
 
-def spawn(fn, backend):
+def spawn(fn, backend, timeout=None):
     with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
         results = manager.dict()
-        mp.start_processes(_run, args=(fn, os.path.join(tmp, "init"), backend, results), nprocs=WORLD,
+        mp.start_processes(_run, args=(fn, os.path.join(tmp, "init"), backend, results, timeout), nprocs=WORLD,
                            start_method="spawn")  # fork after torch started threads can deadlock
         out = [results[r] for r in range(WORLD)]
     for r in out:
@@ -264,3 +266,31 @@ def test_a_loaded_model_equals_from_pretrained_on_every_rank():
             assert v["keys"] and not v["weights_differ"] and v["buffers"] and v["tied"] and v["eos"], (name, v)
             assert v["logits"] == 0.0, (name, v)
     assert results[0]["AutoModelForTokenClassification"]["head"] == results[1]["AutoModelForTokenClassification"]["head"]
+
+
+def _clone_with_uneven_budgets(rank):
+    """warmstart.clone on both ranks, rank 0's time budget already spent, rank 1's far from it (train.py
+    gives each rank the time its demonstrations left). Returns the steps each rank took."""
+    from transformers import AutoModelForCausalLM
+
+    import warmstart
+    from models import tiny
+    from rollout import Episode
+
+    torch.manual_seed(0)
+    episodes = [Episode(task_id=i, group=i, ids=list(range(3, 23)), prompt_len=8, mask=[1] * 12,
+                        logprobs=[0.0] * 12) for i in range(4)]
+    model = AutoModelForCausalLM.from_pretrained(tiny.tiny_model_dir())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    budget = 1e-9 if rank == 0 else 1e6
+    losses = warmstart.clone(model, optimizer, episodes, 1, 1, 4096, 0, 0, distributed.all_sum, distributed.all_max,
+                             WORLD, seconds=budget)
+    distributed.all_sum(1.0)  # a rank still inside clone would answer this with its next step's reduction
+    return len(losses)
+
+
+def test_imitation_time_budget_stops_every_rank_at_the_same_step():
+    """The time-matched imitation control: when one rank's budget runs out first, every rank stops at that
+    step. (Before, each rank compared the slowest clock with its own budget: rank 0 left while rank 1 waited
+    in its next collective, and the control's run hung.)"""
+    assert spawn(_clone_with_uneven_budgets, "gloo", timeout=120) == [0, 0]
