@@ -111,6 +111,8 @@ class Config:
     bc_coef: float = doc("weight of the imitation term of --bc-anchor against the RL loss", 1.0)
     # machinery
     engine: str = doc("rollout generator: auto (vLLM if installed), vllm, hf", "auto")
+    compile_generator: str = doc("vLLM: torch.compile the model (inductor): auto (on GPUs, and on CPU for models of "
+                                 "50M+ parameters: SmolLM2 yes, the tiny model no), on or off", "auto")
     device: str = doc("auto (cuda when there is a GPU for every rank on this node, else cpu), cpu or cuda", "auto")
     gpu_memory_utilization: float = doc("vLLM's share of each GPU's memory while it generates (cuda only): its "
                                         "weights, CUDA graphs and KV cache; the trainer has the rest", 0.5)
@@ -279,6 +281,8 @@ def check(cfg: Config, world: int) -> str | None:
         return f"unknown --agg {cfg.agg!r}; choose one of: {', '.join(AGGREGATIONS)}"
     if cfg.kl_kind not in ("k1", "k2", "k3"):
         return f"unknown --kl-kind {cfg.kl_kind!r}; choose k1, k2 or k3"
+    if cfg.compile_generator not in ("auto", "on", "off"):
+        return f"unknown --compile-generator {cfg.compile_generator!r}; choose auto, on or off"
     if cfg.engine not in ("auto", "vllm", "hf"):
         return f"unknown --engine {cfg.engine!r}; choose auto, vllm or hf"
     if cfg.device not in ("auto", "cpu", "cuda"):

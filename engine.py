@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
 import torch
@@ -123,19 +125,51 @@ def vllm_available() -> bool:
 
 
 def make_engine(model_dir: str, kind: str = "auto", device: str = "cpu", dtype: str = "float32",
-                max_model_len: int = 4096, seed: int = 0, gpu_memory_utilization: float = 0.5, max_seqs: int = 32):
+                max_model_len: int = 4096, seed: int = 0, gpu_memory_utilization: float = 0.5, max_seqs: int = 32,
+                compile: str = "auto"):
     """`max_seqs`: how many episodes one generate call carries (this rank's batch); on CPU the KV cache
-    is sized to hold them all at full context (`kv_cache_bytes`), unless VLLM_CPU_KVCACHE_SPACE is set."""
+    is sized to hold them all at full context (`kv_cache_bytes`), unless VLLM_CPU_KVCACHE_SPACE is set.
+    `compile` (vLLM): on, off, or auto (`compiles`)."""
     if kind == "auto":
         kind = "vllm" if vllm_available() else "hf"
     if kind == "vllm":
         kv = None
         if device == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             kv = kv_cache_bytes(model_dir, dtype, max_model_len, max_seqs)
-        return VLLMEngine(model_dir, device, dtype, max_model_len, seed, gpu_memory_utilization, kv_cache_bytes=kv)
+        return VLLMEngine(model_dir, device, dtype, max_model_len, seed, gpu_memory_utilization, kv_cache_bytes=kv,
+                          compiled=compiles(compile, model_dir, device))
     if kind == "hf":
         return HFEngine(model_dir, device, dtype)
     raise ValueError(f"unknown engine {kind!r}; use auto, vllm or hf")
+
+
+COMPILE_PARAMETERS = 50_000_000  # auto compiles from here up: SmolLM2-135M yes, the 1M-parameter test model no
+
+
+def compiles(choice: str, model_dir: str, device: str) -> bool:
+    """Whether vLLM runs the model through torch.compile. On GPU, auto is vLLM's own default (compiled,
+    with CUDA graphs). On CPU the model otherwise runs eagerly, one kernel call per op: at SmolLM2's size a
+    decode step of 16 sequences then takes about twice the time its memory traffic needs, and inductor's
+    fused kernels take most of that back (bench/generate.py --compare). Compiling costs about a minute
+    at the first start on 2 cores and a few seconds from vLLM's cache after, so auto leaves models under
+    COMPILE_PARAMETERS eager: there the start-up would cost more than the decode it saves."""
+    if choice not in ("auto", "on", "off"):
+        raise ValueError(f"unknown compile choice {choice!r}; use auto, on or off")
+    if choice != "auto":
+        return choice == "on"
+    return device != "cpu" or parameter_count(model_dir) >= COMPILE_PARAMETERS
+
+
+def parameter_count(model_dir: str) -> int:
+    """Parameters in a model directory's safetensors files, from their headers (no tensor is read)."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in Path(model_dir).glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            for name in st.keys():
+                total += math.prod(st.get_slice(name).get_shape())
+    return total
 
 
 def kv_cache_bytes(model_dir: str, dtype: str, max_model_len: int, max_seqs: int, cap_gib: int = 8) -> int:
@@ -171,13 +205,13 @@ def vllm_environment(device: str, kv_cache_bytes: int | None = None) -> None:
 
 class VLLMEngine:
     def __init__(self, model_dir, device, dtype, max_model_len, seed, gpu_memory_utilization,
-                 kv_cache_bytes: int | None = None):
+                 kv_cache_bytes: int | None = None, compiled: bool = False):
         vllm_environment(device, kv_cache_bytes)
         from vllm import LLM
 
         guard_llvmlite()
         options = dict(model=model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
-                       enforce_eager=device == "cpu",  # the CPU backend has no graph capture
+                       enforce_eager=not compiled,
                        enable_prefix_caching=True)      # each turn's prompt extends the last one
         if kv_cache_bytes is not None:  # the KV cache sized to the batch (make_engine), not in whole GiB
             options.update(kv_cache_memory_bytes=kv_cache_bytes)
@@ -187,7 +221,7 @@ class VLLMEngine:
             # One engine per torchrun rank, in the rank's own process (no extra workers, no NCCL group).
             options.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
         self.llm = LLM(**options)
-        self.device = device
+        self.device, self.compiled = device, compiled
         self.released: set[str] = set()  # vLLM memory tags freed by sleep(): "weights", "kv_cache"
 
     def generate(self, prompts: list[list[int]], params: Sampling) -> list[Sample]:

@@ -92,6 +92,8 @@ class EvalConfig:
     max_tokens: int = doc("token cap of one reply; 0: the paper's value for the env (200 or 512)", 0)
     max_context: int = doc("token cap of a whole episode (prompt + all turns)", 8192)
     engine: str = doc("generator: auto (vLLM if installed), vllm, hf", "auto")
+    compile_generator: str = doc("vLLM: torch.compile the model (inductor): auto (on GPUs, and on CPU for models of "
+                                 "50M+ parameters: SmolLM2 yes, the tiny model no), on or off", "auto")
     device: str = doc("auto (cuda when there is a GPU for every rank on this node, else cpu), cpu or cuda", "auto")
     gpu_memory_utilization: float = doc("vLLM's share of each GPU's memory (cuda only)", 0.5)
     dtype: str = doc("generation dtype: auto (bfloat16 on GPUs and bf16-capable CPUs, except the tiny model), "
@@ -181,6 +183,8 @@ def check(cfg: EvalConfig) -> str | None:
             return f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}"
     if cfg.limit < 0 or cfg.max_tokens < 0 or cfg.env_timeout < 0:
         return "--limit, --max-tokens and --env-timeout must be 0 (default for the first two) or positive"
+    if cfg.compile_generator not in ("auto", "on", "off"):
+        return f"unknown --compile-generator {cfg.compile_generator!r}; choose auto, on or off"
     if cfg.engine not in ("auto", "vllm", "hf") or cfg.device not in ("auto", "cpu", "cuda"):
         return f"--engine {cfg.engine!r} / --device {cfg.device!r}: choose auto, vllm or hf / auto, cpu or cuda"
     if not cfg.greedy and (cfg.temperature <= 0 or not 0 < cfg.top_p <= 1):
@@ -330,7 +334,8 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
     model_dir = build(d.model)
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir), model_dir)
     engine = make_engine(model_dir, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.seed + rank,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, max_seqs=cfg.chunk * cfg.k)
+                         gpu_memory_utilization=cfg.gpu_memory_utilization, max_seqs=cfg.chunk * cfg.k,
+                         compile=cfg.compile_generator)
     make_env = lambda: envs.make(cfg.env, **d.env_options)  # noqa: E731
     pool = [probe] + [make_env() for _ in range(max(len(ids) for _, ids in chunks) * cfg.k - 1)]
     threads = ThreadPoolExecutor(max_workers=cfg.env_workers)

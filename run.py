@@ -139,7 +139,8 @@ def setup(argv) -> Run:
 
     per_rank = cfg.tasks_per_step * cfg.samples_per_task // world
     engine = make_engine(policy_path, cfg.engine, d.device, d.dtype, cfg.max_context, seed,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, max_seqs=per_rank)
+                         gpu_memory_utilization=cfg.gpu_memory_utilization, max_seqs=per_rank,
+                         compile=cfg.compile_generator)
     env_pool = [envs.make(cfg.env, **d.env_options) for _ in range(per_rank)]
     train_ids, val_ids = env_pool[0].tasks("train"), env_pool[0].tasks("val")[:cfg.eval_tasks] if cfg.eval_every else []
     if cfg.tasks_file:  # AgentGym-RL's task list instead of the train split (checked in config.check)

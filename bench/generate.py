@@ -1,6 +1,7 @@
 """The generator as train.py builds it, beside the machine's memory-bandwidth bound.
 
     python bench/generate.py [--batch 16] [--prompt 600] [--new 32] [--threads 1] [--episodes RUN/episodes.jsonl]
+    python bench/generate.py --compare      # vLLM eager, then torch.compile'd, side by side
 
 One process plays one rank: `engine.make_engine` (vLLM's CPU build, in-process) for SmolLM2-135M-Instruct in
 the compute dtype `--dtype auto` picks, with the recipe's per-rank batch (`--batch`: 8 tasks x 4 samples over
@@ -87,7 +88,13 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bfloat16 or float32")
     p.add_argument("--episodes", type=Path, help="a recipe run's episodes.jsonl, for the straggler share")
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    p.add_argument("--mode", choices=("eager", "compiled"), default="eager",
+                   help="vLLM's model eager (enforce_eager) or torch.compile'd by inductor (engine.compiles)")
+    p.add_argument("--compare", action="store_true",
+                   help="run eager, then compiled, each in its own process, and print them side by side")
     args = p.parse_args(argv)
+    if args.compare:
+        return compare(args, [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--compare"])
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
     import config
@@ -99,7 +106,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     model_dir = resolve_model("smollm2")
     dtype = config.compute_dtype(args.dtype, "cpu", "smollm2")
-    engine = make_engine(model_dir, "vllm", "cpu", dtype, 2048, 0, max_seqs=args.batch)
+    start = time.perf_counter()
+    engine = make_engine(model_dir, "vllm", "cpu", dtype, 2048, 0, max_seqs=args.batch,
+                         compile="on" if args.mode == "compiled" else "off")
+    start = time.perf_counter() - start  # compiled: inductor's build, or its cache's load
     weights = _weight_bytes(model_dir, dtype)
     kv = _kv_bytes(model_dir, dtype, args.batch, args.prompt)
     from vllm import SamplingParams
@@ -133,10 +143,11 @@ def main(argv=None) -> int:
     bound_kv = 1000 * (weights + kv) / (bw["rank"] * 1e9)
     figures = {"cpu": cpu_name(), "threads": args.threads, "dtype": dtype, "batch": args.batch, "prompt": args.prompt,
                "bandwidth_gbs": bw, "weight_bytes": weights, "kv_bytes_at_prompt": kv,
-               "bound_ms": bound, "bound_with_kv_ms": bound_kv, **rows}
+               "bound_ms": bound, "bound_with_kv_ms": bound_kv, "mode": args.mode, "engine_start_s": start, **rows}
     if args.episodes:
         figures["stragglers"] = stragglers(args.episodes)
-    print(f"CPU: {figures['cpu']} ({cores} cores), {dtype}, {args.threads} thread(s) a rank")
+    print(f"CPU: {figures['cpu']} ({cores} cores), {dtype}, {args.threads} thread(s) a rank, vLLM {args.mode} "
+          f"(engine start {start:.0f} s)")
     print(f"read bandwidth: {bw['rank']:.1f} GB/s ({args.threads} thread), {bw['all']:.1f} GB/s ({cores})")
     print(f"weights {weights / 1e6:.0f} MB, KV cache of {args.batch} x {args.prompt} tokens {kv / 1e6:.0f} MB")
     print("| figure | value | against the bound |")
@@ -156,6 +167,38 @@ def main(argv=None) -> int:
     if args.out:
         args.out.write_text(json.dumps(figures, indent=1) + "\n")
     engine.close()
+    return 0
+
+
+def compare(args, argv: list[str]) -> int:
+    """Eager, then compiled, each a fresh process (one vLLM per process), one after the other on the same
+    machine; their figures side by side, and both in --out."""
+    import subprocess
+    import tempfile
+
+    rest = [a for i, a in enumerate(argv) if a != "--out" and (i == 0 or argv[i - 1] != "--out")]
+    modes = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("eager", "compiled"):
+            out = Path(tmp) / f"{mode}.json"
+            proc = subprocess.run([sys.executable, __file__, *rest, "--mode", mode, "--out", str(out)])
+            if proc.returncode:
+                print(f"error: the {mode} run failed (exit {proc.returncode})", file=sys.stderr)
+                return proc.returncode
+            modes[mode] = json.loads(out.read_text())
+    eager, compiled = modes["eager"], modes["compiled"]
+    print(f"\nside by side: {eager['cpu']}, {eager['dtype']}, {eager['threads']} thread(s), batch {eager['batch']}")
+    print("| figure | eager | compiled | compiled / eager |")
+    print("|---|---|---|---|")
+    for name in [k for k in eager if k.startswith(("decode", "prefill")) or k == "engine_start_s"]:
+        a, b = eager[name], compiled[name]
+        print(f"| {name} | {a:,.1f} | {b:,.1f} | {b / a:.2f} |")
+    for mode, f in modes.items():
+        step = f[f"decode ms/step, batch {f['batch']}, project (T=1, logprob)"]
+        print(f"{mode}: decode at batch {f['batch']} with the project's sampler is {step / f['bound_with_kv_ms']:.2f}x "
+              "the weights + KV bound")
+    if args.out:
+        args.out.write_text(json.dumps({"modes": modes}, indent=1) + "\n")
     return 0
 
 

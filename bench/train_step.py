@@ -43,6 +43,9 @@ closes every phase, so that no phase holds another rank's lag behind its first c
   twice (plain and shared, alternating which goes first, so that load changes hit both), seconds, CPU
   seconds and tokens/s of each and their ratio, and the micro-batches per rank of each packing
   (docs/performance.md).
+- with `--flops`: one more step under torch's FlopCounterMode (the FLOPs of every matmul and attention it
+  runs, summed over ranks), its FLOP/s at the timed update's seconds, and the machine's matmul peak in
+  `--dtype` measured on every rank at once (`matmul_peak`): how far the update is from compute-bound.
 `--json PATH` also writes these figures (bench/memory_plan.py --compare reads the memory ones).
 """
 from __future__ import annotations
@@ -186,6 +189,20 @@ def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world,
     return times
 
 
+def matmul_peak(dtype: torch.dtype, repeats: int = 5) -> float:
+    """This process's best matmul FLOP/s in `dtype` over shapes of the update (a micro-batch of 4,096 rows
+    through SmolLM2's 576 x 576 and 576 x 1,536 projections) and one square 2,048: the compute bound."""
+    best = 0.0
+    for m, k, n in ((4096, 576, 576), (4096, 576, 1536), (4096, 1536, 576), (2048, 2048, 2048)):
+        a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+        a @ b  # warm-up: the kernel's first call
+        for _ in range(repeats):
+            t = time.perf_counter()
+            a @ b
+            best = max(best, 2 * m * k * n / (time.perf_counter() - t))
+    return best
+
+
 def padding(batch_lengths: torch.Tensor, micro: list[list[int]]) -> tuple[int, int]:
     """(token slots run, real tokens) of micro-batches: rows x padded width; an empty one runs one dummy row."""
     slots = real = 0
@@ -232,6 +249,9 @@ def main() -> None:
                              "order, the two updates compared side by side (the rest is reported for on)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic episodes")
     parser.add_argument("--json", help="also write the printed figures to this JSON file")
+    parser.add_argument("--flops", action="store_true",
+                        help="also count one more step's FLOPs (torch's FlopCounterMode) and set the update's "
+                             "FLOP/s beside the machine's measured matmul peak in --dtype, every rank at once")
     args = parser.parse_args()
     layout = LAYOUT["smollm2" if args.model == "smollm2" else "default"]
     for name, value in zip(("prompt", "turns", "reply", "obs", "done_share"), layout):
@@ -304,6 +324,17 @@ def main() -> None:
                     by_variant[shared][k] += v / args.repeats
     sums = by_variant[variants[-1]]
     mem["max"] = maxrss_mb()
+    flops = None
+    if args.flops:  # one more step, counted, not timed; then the peak, every rank multiplying at once
+        from torch.utils.flop_counter import FlopCounterMode
+        counter = FlopCounterMode(display=False)
+        with counter:
+            step(policy, ref, opt, plain, engine, dataclasses.replace(cfg, shared_prefix=variants[-1]), d, args,
+                 mine, pad_id, world, mem)
+        dist.barrier()
+        counted, = distributed.all_sum(counter.get_total_flops())
+        peak, = distributed.all_sum(matmul_peak(getattr(torch, args.dtype)))
+        flops = {"update_flops": counted, "update_flops_per_s": counted / sums["update"], "peak_flops_per_s": peak}
 
     lengths = torch.tensor([len(e.ids) for e in mine])
     micro = batch_.micro_batches(list(range(len(mine))), lengths, cfg.micro_tokens)
@@ -323,7 +354,7 @@ def main() -> None:
                        masked=masked, total=total, slots=slots, real=real, max_slots=max_slots,
                        micro_per_rank=n_micro, empty_micro=empty,
                        masked0=sum(sum(e.mask) for e in mine0), total0=sum(len(e.ids) for e in mine0),
-                       config=policy.config.to_dict())
+                       config=policy.config.to_dict(), flops=flops)
         report(args, figures, policy.config)
         if args.json:
             Path(args.json).write_text(json.dumps(figures, indent=1, default=str))
@@ -403,6 +434,13 @@ def report(args, f, config) -> None:
         print(f"update tokens/s, shared prefix / plain: {off['update'] / on['update']:.2f} (wall), "
               f"{off['update_cpu'] / on['update_cpu']:.2f} (CPU time); micro-batches per rank (the most): "
               f"{f['micro_shared']} shared-prefix (a group's prompt once, no padding), {f['micro_per_rank']} plain")
+    if f.get("flops"):
+        fl = f["flops"]
+        print(f"\n# the update against the machine's compute bound: {fl['update_flops'] / 1e12:.2f} TFLOP in one step "
+              "(FlopCounterMode: every matmul and attention of that step, all ranks; with --on-policy and "
+              f"--kl-coef 0 the update's alone), {fl['update_flops_per_s'] / 1e9:.0f} GFLOP/s at the timed update; "
+              f"measured {args.dtype} matmul peak {fl['peak_flops_per_s'] / 1e9:.0f} GFLOP/s (every rank at once): "
+              f"{100 * fl['update_flops_per_s'] / fl['peak_flops_per_s']:.0f}% of it")
     if not args.no_plain:
         heading, rows, verdict = plain_step.comparison(args, f)
         print(heading)

@@ -122,11 +122,19 @@ def test_hf_engine_in_bfloat16(model_dir):
         assert torch.allclose(ref[torch.arange(len(s.ids)), s.ids], torch.tensor(s.logprobs), atol=0.05)
 
 
-def test_vllm_engine_in_bfloat16(model_dir, monkeypatch):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_vllm_engine_in_bfloat16(model_dir, monkeypatch, compiled):
+    """Eager and torch.compile'd (inductor) alike: samples scored as the model scores them, and after the
+    hand-made sleep a weight stream that changes every linear layer reaches the compiled graph too (a graph
+    that kept the old packed weights would score the old model)."""
     if not engines.vllm_available():
         pytest.skip("vLLM is not installed")
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # whole GiB; unset, the cache is sized to the batch
-    eng = engines.make_engine(model_dir, "vllm", dtype="bfloat16", max_model_len=512, max_seqs=12)
+    eng = engines.make_engine(model_dir, "vllm", dtype="bfloat16", max_model_len=512, max_seqs=12,
+                              compile="on" if compiled else "off")
+    assert eng.compiled == compiled
+    from vllm.config import CompilationMode
+    assert (eng.llm.llm_engine.vllm_config.compilation_config.mode != CompilationMode.NONE) == compiled
     try:
         need = engines.kv_cache_bytes(model_dir, "bfloat16", 512, 12)
         assert eng.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes == need < 2**30
@@ -145,6 +153,9 @@ def test_vllm_engine_in_bfloat16(model_dir, monkeypatch):
             eng.generate([prompts[0]], engines.Sampling(max_tokens=2))
         with torch.no_grad():  # a bf16 weight stream that sharpens the logits (std about 0.16 -> 1.6)
             model.model.norm.weight *= 10
+            for layer in model.model.layers:  # and moves every packed linear weight
+                for linear in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.down_proj):
+                    linear.weight.mul_(-2)
         eng.sync_weights((k, v.to(torch.bfloat16)) for k, v in model.state_dict().items())
         eng.llm.collective_rpc(dirty_the_heap)  # a busy allocator hands the KV cache back full of garbage
         eng.wake()  # the KV cache's storage back
