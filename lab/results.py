@@ -172,6 +172,17 @@ def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], kee
     return md
 
 
+def _canonical(key: str, value) -> str:
+    """A setting as compared across evaluations: env options as the JSON they mean (run.sh passes them
+    without spaces, a hand-typed command with them), everything else as written."""
+    if key == "env_options" and isinstance(value, str):
+        try:
+            return json.dumps(json.loads(value or "{}"), sort_keys=True)
+        except ValueError:
+            pass
+    return json.dumps(value)
+
+
 def _commit(rows: list[dict]) -> str:
     if not rows:
         return "not recorded"
@@ -199,7 +210,7 @@ def render(dest: Path, resamples: int = 10_000, seed: int = 0) -> str:
             s = settings[e["label"]]
             lines.append(f"- {e['label']}: model `{s['model']}`, " + ", ".join(f"{k} {s.get(k)}" for k in decoding)
                          + f"; commit {_commit(_jsonl(dest / e['dir'] / 'provenance.jsonl'))}")
-        differ = [k for k in decoding[1:] if len({json.dumps(settings[label].get(k)) for label, _ in runs}) > 1]
+        differ = [k for k in decoding[1:] if len({_canonical(k, settings[label].get(k)) for label, _ in runs}) > 1]
         if differ:
             lines.append(f"- NOTE: the evaluations differ in {', '.join(differ)}: not the same decoding")
         ks = sorted({j for _, recs in runs for j in k_values(min(len(g) for g in pairs(recs).values()))})
