@@ -83,7 +83,8 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
           seed: int, pad_id: int, reduce_sum, reduce_max, world: int, progress=None, seconds: float = 0.0) -> list[float]:
     """Minimise -log p(expert tokens) over `epochs` passes, `batch_episodes` episodes of this rank per
     optimizer step, stopping early once `seconds` (> 0) have passed on any rank (so all stop at the same
-    step, even when each rank's budget differs: train.py gives each the time its demonstrations left). Returns the mean NLL per policy token of each step (over all ranks)."""
+    step, even when each rank's budget differs: train.py gives each the time its demonstrations left).
+    Returns the mean NLL per policy token of each step (over all ranks)."""
     steps = -(-len(episodes) // batch_episodes)
     n_real = len(episodes)
     batch = demo_batch(episodes, pad_id)
