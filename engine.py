@@ -149,10 +149,10 @@ COMPILE_PARAMETERS = 50_000_000  # auto compiles from here up: SmolLM2-135M yes,
 def compiles(choice: str, model_dir: str, device: str) -> bool:
     """Whether vLLM runs the model through torch.compile. On GPU, auto is vLLM's own default (compiled,
     with CUDA graphs). On CPU the model otherwise runs eagerly, one kernel call per op: at SmolLM2's size a
-    decode step of 16 sequences then takes about twice the time its memory traffic needs, and inductor's
-    fused kernels take most of that back (bench/generate.py --compare). Compiling costs about a minute
-    at the first start on 2 cores and a few seconds from vLLM's cache after, so auto leaves models under
-    COMPILE_PARAMETERS eager: there the start-up would cost more than the decode it saves."""
+    decode step of 16 sequences then takes about twice the time its memory traffic needs; inductor's fused
+    kernels bring that to 1.65x (decode 0.84x, prefill 0.63x of eager's time; bench/generate.py --compare).
+    Start-up costs about a minute more on 2 cores, even with vLLM's compile cache filled, so auto leaves
+    models under COMPILE_PARAMETERS eager: there the start-up would cost more than the decode it saves."""
     if choice not in ("auto", "on", "off"):
         raise ValueError(f"unknown compile choice {choice!r}; use auto, on or off")
     if choice != "auto":
