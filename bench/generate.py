@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -32,33 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def bandwidth(threads: int, mbytes: int = 512, repeats: int = 5) -> float:
-    """Read bandwidth in GB/s: the best of `repeats` float32 sums over `mbytes` MB with `threads` threads."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    x = torch.ones(mbytes * 2**20 // 4)
-    x.sum()  # touch every page once
-    best = min(_timed(lambda: x.sum()) for _ in range(repeats))
-    torch.set_num_threads(before)
-    return x.numel() * 4 / best / 1e9
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+from bench.machine import timed, bandwidth, cpu_name  # noqa: E402
 
 
 def stragglers(path: Path) -> dict:
@@ -127,7 +100,7 @@ def main(argv=None) -> int:
 
     def run(batch: list, tokens: int, kw: dict) -> float:
         sp = SamplingParams(max_tokens=tokens, ignore_eos=True, detokenize=False, seed=None, **kw)
-        return _timed(lambda: engine.llm.generate(batch, [sp] * len(batch), use_tqdm=False))
+        return timed(lambda: engine.llm.generate(batch, [sp] * len(batch), use_tqdm=False))
 
     rows = {}
     for size in (args.batch, 1):

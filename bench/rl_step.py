@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.generate import cpu_name  # noqa: E402
+from bench.machine import cpu_name  # noqa: E402
 
 TIMERS = ("time/step", "time/generate", "time/update", "time/logprobs", "time/env", "time/sync")
 

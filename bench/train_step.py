@@ -189,20 +189,6 @@ def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world,
     return times
 
 
-def matmul_peak(dtype: torch.dtype, repeats: int = 5) -> float:
-    """This process's best matmul FLOP/s in `dtype` over shapes of the update (a micro-batch of 4,096 rows
-    through SmolLM2's 576 x 576 and 576 x 1,536 projections) and one square 2,048: the compute bound."""
-    best = 0.0
-    for m, k, n in ((4096, 576, 576), (4096, 576, 1536), (4096, 1536, 576), (2048, 2048, 2048)):
-        a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
-        a @ b  # warm-up: the kernel's first call
-        for _ in range(repeats):
-            t = time.perf_counter()
-            a @ b
-            best = max(best, 2 * m * k * n / (time.perf_counter() - t))
-    return best
-
-
 def padding(batch_lengths: torch.Tensor, micro: list[list[int]]) -> tuple[int, int]:
     """(token slots run, real tokens) of micro-batches: rows x padded width; an empty one runs one dummy row."""
     slots = real = 0
@@ -333,6 +319,7 @@ def main() -> None:
                  mine, pad_id, world, mem)
         dist.barrier()
         counted, = distributed.all_sum(counter.get_total_flops())
+        from bench.machine import matmul_peak
         peak, = distributed.all_sum(matmul_peak(getattr(torch, args.dtype)))
         flops = {"update_flops": counted, "update_flops_per_s": counted / sums["update"], "peak_flops_per_s": peak}
 
