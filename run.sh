@@ -51,10 +51,10 @@ case "$cmd" in
     # No flags: the CPU learning recipe (recipes.smollm2; in-training evaluation on the validation split) on
     # ENV (babyai, the default, or sciworld) for training seed SEED (default 0); then its control, the warm
     # start continued by imitation alone on new expert episodes for the wall time RL took; then final
-    # evaluations of the untrained model (once for all seeds), the warm start, the control and the RL result
-    # on the first LIMIT (default 200) test tasks x 2 samples, with the run's own env options, turn budget
-    # and reply cap (its config.json), the same decoding for all; their table with paired bootstrap
-    # intervals; and the result folder to commit (RESULTS, default results/ENV-smollm2-seedSEED).
+    # evaluations of the untrained model (once for all seeds: seed 0's published one), the warm start, the
+    # control and the RL result on the first LIMIT (default 200) test tasks x 2 samples, with the run's own
+    # env options, turn budget and reply cap (its config.json), the same decoding for all; their table with
+    # paired bootstrap intervals; and the result folder to commit (RESULTS, default results/ENV-smollm2-seedSEED).
     # `python -m lab.report results/A results/B ...` sets seeds side by side. Each training run ends with its
     # report.html (lab/runreport.py).
     env=${ENV:-babyai}
@@ -84,11 +84,15 @@ print(c['env_options'].replace(' ', ''), max(schedule.parse(c['horizon']).budget
       [ -e "$3/results.json" ] || "${launch[@]}" evaluate.py --env "$env" --env-options "$opts" --model "$2" \
         --split test --limit "${LIMIT:-200}" --k 2 --turns "$turns" --max-tokens "$tokens" --max-context "$context" --out "$3"
     }
-    evaluate untrained smollm2 runs/$env-smollm2-untrained
+    untrained=runs/$env-smollm2-untrained published=results/$env-smollm2-seed0/evals/untrained
+    if [ ! -e "$untrained/results.json" ] && [ -e "$published/transcripts-all.jsonl.xz" ] && [ "$seed" != 0 ]; then
+      python -m lab.report --unpack "$published" "$untrained"  # evaluated once for all seeds: seed 0's
+    fi
+    evaluate untrained smollm2 "$untrained"
     evaluate warm-start "$out/warmstart" "$out/eval-warmstart"
     evaluate imitation "$out-imitation/warmstart" "$out/eval-imitation"
     evaluate rl "$out" "$out/eval-rl"
-    evals=(untrained=runs/$env-smollm2-untrained warm-start="$out/eval-warmstart"
+    evals=(untrained="$untrained" warm-start="$out/eval-warmstart"
            "warm start + imitation"="$out/eval-imitation" "warm start + GRPO"="$out/eval-rl")
     python -m lab.report "${evals[@]}" | tee "$out/before_after.md"
     [ -e "$results/manifest.json" ] || python -m lab.report --publish "$out" "$results" --control "$out-imitation" "${evals[@]}" > /dev/null

@@ -6,6 +6,7 @@ report is lab/runreport.py's. Run it from the repository's root:
     python -m lab.report --publish runs/babyai-smollm2 results/babyai-smollm2 untrained=runs/.../eval-untrained ...
     python -m lab.report results/babyai-smollm2          # every table of that folder, from its files only
     python -m lab.report runs/babyai-grpo [LABEL=EVAL_DIR ...]   # the run's report.html (lab/runreport.py)
+    python -m lab.report --unpack results/NAME/evals/untrained runs/eval-untrained   # a published evaluation back
 
 Tests: python -m pytest tests/test_report.py tests/test_runreport.py
 """
@@ -23,6 +24,8 @@ USAGE = """usage:
   python -m lab.report --publish RUN_DIR results/NAME [--control CONTROL_DIR] [LABEL=EVAL_DIR ...]
                                                          make a result folder (RUN_DIR: train.py's --out, or -;
                                                          CONTROL_DIR: the imitation control's --out)
+  python -m lab.report --unpack results/NAME/evals/LABEL EVAL_DIR
+                                                         a published evaluation back into evaluate.py's output
   python -m lab.report RUN_DIR [LABEL=EVAL_DIR ...]     RUN_DIR/report.html: curves, tables, episodes (lab/runreport.py)
   python -m lab.report LABEL=EVAL_DIR [LABEL=EVAL_DIR ...]   before/after table of evaluate.py outputs"""
 
@@ -39,6 +42,9 @@ def main(args: list[str]) -> None:
             raise SystemExit(USAGE)
         evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in rest)]
         print(publish(None if args[1] == "-" else Path(args[1]), Path(args[2]), evals, control=control), end="")
+    elif args[0] == "--unpack" and len(args) == 3:
+        from lab.results import unpack
+        print(f"unpacked {args[1]} into {unpack(Path(args[1]), Path(args[2]))}")
     elif "=" not in args[0] and (Path(args[0]) / "metrics.jsonl").exists() and all("=" in a for a in args[1:]):
         from lab import runreport
         evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in args[1:])]

@@ -23,7 +23,7 @@ import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from lab.stats import clustered_se, k_values, naive_se, paired, paired_table, pairs, stats, task_means
+from lab.stats import clustered_se, k_values, naive_se, paired, paired_table, pairs, stats, summarize, task_means
 
 RUN_FILES = ("config.json", "metrics.jsonl", "evals.jsonl", "provenance.jsonl", "warmstart.jsonl")
 OUTCOME_KEYS = ("task_id", "subtask", "sample", "budget", "reward", "success", "turns", "end")
@@ -170,6 +170,29 @@ def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], kee
         raise SystemExit(f"error: the result folder would hold {sum(s for s, _ in files) / 1e6:.2f} MB, over the "
                          f"{limit / 1e6:.1f} MB limit (largest: {biggest}); nothing was kept")
     return md
+
+
+def unpack(folder: Path, dest: Path) -> Path:
+    """A published evaluation back into an evaluate.py output directory: its transcripts byte for byte,
+    and results.json recomputed from them (lab.stats.summarize, as evaluate.py does). run.sh uses it for
+    the untrained model, evaluated once for all seeds: a later seed's folder cites seed 0's evaluation
+    instead of spending half an hour sampling it again."""
+    from lab.stats import load_transcripts
+
+    if (dest / "results.json").exists():
+        raise SystemExit(f"error: {dest} holds an evaluation already; remove it or choose another name")
+    settings = json.loads((folder / "config.json").read_text())
+    text = lzma.decompress((folder / "transcripts-all.jsonl.xz").read_bytes())
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "transcripts.jsonl").write_bytes(text)
+    records = load_transcripts(dest / "transcripts.jsonl", settings["k"])[0]
+    extra = ("model", "max_tokens", "temperature", "reward_scale")  # what publish added to the config
+    config = {k: v for k, v in settings.items() if k != "reward_scale"}
+    result = {"config": config, **{k: settings[k] for k in extra}, **summarize(records), "unpacked_from": str(folder)}
+    (dest / "results.json").write_text(json.dumps(result, indent=2))
+    if (folder / "provenance.jsonl").exists():
+        shutil.copyfile(folder / "provenance.jsonl", dest / "provenance.jsonl")
+    return dest
 
 
 def _canonical(key: str, value) -> str:
