@@ -186,6 +186,28 @@ def test_publish_and_regenerate(run_dir, evals, tmp_path):
     assert [line.split(" | ")[0] for line in curve] == ["| 0", "| 1", "| 2"] and all(line.endswith("| yes |") for line in curve)
 
 
+def test_unpack_gives_back_the_evaluation_it_published(evals, tmp_path):
+    """A later seed reuses seed 0's published untrained evaluation (run.sh): unpacked, it is the
+    evaluate.py output it was made from, transcripts byte for byte and results.json's figures equal."""
+    dest = tmp_path / "results" / "coin"
+    RS.publish(None, dest, evals)
+    for label, d in evals:
+        back = tmp_path / "back" / RS._slug(label)
+        proc = subprocess.run([sys.executable, "-m", "lab.report", "--unpack", str(dest / "evals" / RS._slug(label)),
+                               str(back)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert (back / "transcripts.jsonl").read_bytes() == (d / "transcripts.jsonl").read_bytes()
+        made, original = (json.loads((p / "results.json").read_text()) for p in (back, d))
+        assert made.pop("unpacked_from") == str(dest / "evals" / RS._slug(label))
+        assert made["config"].pop("model") == original["model"] and original["config"].pop("model")
+        assert made == original
+    with pytest.raises(SystemExit, match="holds an evaluation already"):
+        RS.unpack(dest / "evals" / "seed-1", tmp_path / "back" / "seed-1")
+    again = R.paired([(label, E.load_transcripts(tmp_path / "back" / RS._slug(label) / "transcripts.jsonl", 4)[0])
+                      for label, _ in evals])
+    assert again == R.paired([(label, E.load_transcripts(d / "transcripts.jsonl", 4)[0]) for label, d in evals])
+
+
 def test_action_mix_counts_verbs_per_subtask():
     reply = lambda action: {"role": "assistant", "content": f"Thought:\nx\n\nAction:\n{action}"}  # noqa: E731
     records = [{"subtask": "Pickup", "messages": [{"role": "user", "content": "Action:\ngo to a"}, reply("go to red ball 1"),
