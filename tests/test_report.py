@@ -264,20 +264,32 @@ def test_publish_refuses_an_oversized_or_existing_folder(run_dir, evals, tmp_pat
         RS.publish(None, dest, evals[:1])
 
 
-def test_seeds_table_lists_each_seed_and_their_mean(evals, tmp_path):
+def test_seeds_table_lists_each_seed_and_their_mean(run_dir, evals, tmp_path):
     """`python -m lab.report results/A results/B`: one recipe's seeds side by side (here two folders whose later
     evaluation is, in turn, each of two evaluations of the same 6 tasks)."""
     a, b = tmp_path / "a", tmp_path / "b"
-    RS.publish(None, a, evals)
+    RS.publish(run_dir, a, evals)
     RS.publish(None, b, [(evals[0][0], evals[1][1]), (evals[1][0], evals[0][1])])  # the same labels, swapped data
     proc = subprocess.run([sys.executable, "-m", "lab.report", str(a), str(b)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     recs = [E.load_transcripts(d / "transcripts.jsonl", 4)[0] for _, d in evals]
     d = R.paired([("x", recs[0]), ("y", recs[1])])[0]["success"]
-    row = [line for line in proc.stdout.splitlines() if line.startswith("| 1 | seed 2 | seed 1 |")]
-    assert len(row) == 1
-    cells = row[0].split(" | ")
+    success = proc.stdout.split("## Success")[1].split("## Mean reward")[0]
+    (row,) = [line for line in success.splitlines() if line.startswith("| 1 | seed 2 | seed 1 |")]
+    cells = row.split(" | ")
     assert cells[3] == f"{100 * d['diff']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
     assert cells[4].startswith(f"{-100 * d['diff']:+.1f} [")  # the swapped seed: the opposite difference
     assert cells[5] == f"{(d['lo'] > 0) + (-d['hi'] > 0)} of 2" and cells[6] == "+0.0 |"
+    # Coin's reward is 1 or -0.5, not success: the mean-reward table follows, in the env's own units
+    reward = R.paired([("x", recs[0]), ("y", recs[1])])[0]["reward"]
+    after = proc.stdout.split("## Mean reward")[1]
+    (row,) = [line for line in after.splitlines() if line.startswith("| 1 | seed 2 | seed 1 |")]
+    assert row.split(" | ")[3] == f"{reward['diff']:+.3f} [{reward['lo']:+.3f}, {reward['hi']:+.3f}]"
+    # the RL run of the folder that has one: its steps, seconds and constant-group shares, step by step
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    shares = [m["skipped"] for m in metrics if "skipped" in m]
+    (run,) = [line for line in proc.stdout.split("## The RL runs")[1].splitlines() if line.startswith("| a |")]
+    assert run.split(" | ")[1:5] == ["2", f"{sum(m.get('time/step', 0) for m in metrics if 'skipped' in m):,.0f}",
+                                     f"{sum(shares) / 2:.2f}", ", ".join(f"{x:.2f}" for x in shares)]
+    assert "| b |" not in proc.stdout.split("## The RL runs")[1]  # b was published without its run
