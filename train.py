@@ -76,6 +76,7 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
     idle = ref_lp is None and not cfg.entropy_coef and "critic" not in models
     silent = set(((adv * mask) == 0).all(1).nonzero().flatten().tolist()) if idle else set()
     gen = torch.Generator().manual_seed(seed)
+    defer = next(policy.parameters()).device.type == "cpu"
     for epoch in range(cfg.ppo_epochs):
         order = torch.randperm(len(mask), generator=gen).tolist()
         for part in range(cfg.mini_batches):
@@ -85,16 +86,32 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
             live = [r for r in chunk if r not in silent]
             stats["skipped_rows"] += len(chunk) - len(live)
             micro = micro_batches(live, lengths, cfg.micro_tokens, batch if cfg.shared_prefix else None)
-            for mb in pad(micro, reduce_max(len(micro))):
+            micro = pad(micro, reduce_max(len(micro)))
+            for i, mb in enumerate(micro):
+                # FSDP2 reduce-scatters every backward's gradients. On CPU (gloo, one thread a rank) those
+                # reductions took about half of a rank's update time: there the gradients accumulate
+                # unsharded and are reduced once, in the mini-batch's last backward (every rank runs as
+                # many micro-batches, so the last is the same on all). On GPUs the links are fast and an
+                # unsharded fp32 gradient of a large model would not fit: every backward reduces.
+                gradient_sync(models, not defer or (i == len(micro) - 1 and anchor is None))
                 micro_step(cfg, models, batch, mb, old, ref_lp, values, adv, returns, kl_in_reward, tokens, norm,
                            world, epoch == 0, stats)
             if anchor is not None:
+                gradient_sync(models, True)
                 stats["bc_nll"] += anchor.backward(policy) / world  # every rank returns the global mean
             faults.point("update")  # test-only: gradients made, optimizer not stepped (faults.py)
             if apply:
                 optimizer_step(cfg, models, optimizers, schedulers, stats)
             stats["updates"] += 1
     return stats
+
+
+def gradient_sync(models: dict, on: bool) -> None:
+    """Whether the next backward reduces the FSDP2 models' gradients over ranks (a model that is not
+    FSDP2's, as in one process, has nothing to reduce)."""
+    for model in models.values():
+        if hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(on)
 
 
 def micro_step(cfg, models: dict, batch: dict, mb: list[int], old, ref_lp, values, adv, returns, kl_in_reward: bool,

@@ -46,6 +46,8 @@ closes every phase, so that no phase holds another rank's lag behind its first c
 - with `--flops`: one more step under torch's FlopCounterMode (the FLOPs of every matmul and attention it
   runs, summed over ranks), its FLOP/s at the timed update's seconds, and the machine's matmul peak in
   `--dtype` measured on every rank at once (`matmul_peak`): how far the update is from compute-bound.
+- with `--profile N`: one more step under torch.profiler, each rank's N operators of the largest own
+  (self) CPU time, with their share of the profiled step: where the update's time goes.
 `--json PATH` also writes these figures (bench/memory_plan.py --compare reads the memory ones).
 """
 from __future__ import annotations
@@ -238,6 +240,8 @@ def main() -> None:
     parser.add_argument("--flops", action="store_true",
                         help="also count one more step's FLOPs (torch's FlopCounterMode) and set the update's "
                              "FLOP/s beside the machine's measured matmul peak in --dtype, every rank at once")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also profile one more step (torch.profiler): each rank's N operators of most self CPU time")
     args = parser.parse_args()
     layout = LAYOUT["smollm2" if args.model == "smollm2" else "default"]
     for name, value in zip(("prompt", "turns", "reply", "obs", "done_share"), layout):
@@ -322,6 +326,22 @@ def main() -> None:
         from bench.machine import matmul_peak
         peak, = distributed.all_sum(matmul_peak(getattr(torch, args.dtype)))
         flops = {"update_flops": counted, "update_flops_per_s": counted / sums["update"], "peak_flops_per_s": peak}
+
+    if args.profile:  # one more step under the profiler; each rank prints its own top operators in turn
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step(policy, ref, opt, plain, engine, dataclasses.replace(cfg, shared_prefix=variants[-1]), d, args,
+                 mine, pad_id, world, mem)
+        events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        total = sum(e.self_cpu_time_total for e in events) or 1
+        for r in range(world):
+            dist.barrier()
+            if r == rank:
+                print(f"\n# rank {rank}: the {args.profile} operators of most self CPU time in one profiled step "
+                      f"({total / 1e6:.1f} s of self time in all)")
+                print(table([("operator", "calls", "self s", "share")] + [
+                    (e.key[:60], e.count, f"{e.self_cpu_time_total / 1e6:.2f}", f"{100 * e.self_cpu_time_total / total:.1f}%")
+                    for e in events[:args.profile]]), flush=True)
 
     lengths = torch.tensor([len(e.ids) for e in mine])
     micro = batch_.micro_batches(list(range(len(mine))), lengths, cfg.micro_tokens)

@@ -24,7 +24,8 @@ The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
                                   stays all-gathered from its forward to its post-backward; the blocks
                                   one at a time, plus the next one prefetched
   unsharded gradients      root x (c + 4 if bf16), + V x H x c if the head is tied (its two
-                                  contributions exist apart before they are summed)
+                                  contributions exist apart before they are summed); on CPU also 4P,
+                                  the fp32 gradients accumulated between a mini-batch's reductions
   reference model          4P/W sharded (train.main reshards the frozen reference after scoring)
   critic                   the policy's first five rows again (PPO only; its head is one output)
   LM-head slice            28 x n x V bytes, n = min(T, LOGIT_ELEMENTS // V) (batch.py): logits in c
@@ -173,6 +174,9 @@ def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl:
         "unsharded compute copies (root + 2 blocks)": c * (s.root + 2 * s.block),
         "unsharded root gradients (+ fp32 for reduce)":
             s.root * (c + (4 if c != 4 else 0)) + (s.V * s.H * c if s.tied else 0),
+        # on CPU, train.update reduces gradients once a mini-batch: until then each rank accumulates them
+        # unsharded, in fp32 (every parameter counted, trained or not: an upper bound)
+        "unsharded fp32 gradients, accumulated (CPU)": 4 * P if device == "cpu" else 0.0,
         "reference model (sharded)": (4 * P / W) if kl else 0.0,
         "critic (sharded state)": sum(state.values()) if critic else 0.0,
         f"LM-head slice ({n} tokens x {s.V})": SLICE_BYTES * n * s.V,

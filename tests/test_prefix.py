@@ -251,3 +251,36 @@ def test_shared_prefix_update_under_fsdp2_has_the_plain_gradient():
     for result in spawn(_fsdp2_update, "gloo"):
         assert result["float32"][0] < 1e-6 and result["float32"][1] < 1e-4, result
         assert result["bfloat16"][0] < 1e-2 and result["bfloat16"][1] < 0.06, result
+
+
+def _fsdp2_against_one_process(rank):
+    """train.update under FSDP2, each rank its 6 episodes in several micro-batches (on CPU the gradients
+    are reduced once, after the last), against one process updating on all 12: the same gradient."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from infra import distributed
+
+    mesh = init_device_mesh("cpu", (2,))
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.float32)
+    full = B.collate(episodes(base.config.vocab_size), 0)
+    adv, _ = A.advantages("grpo", full["rewards"], full["mask"], full["groups"])
+    cfg = configs.Config(kl_coef=0.0, micro_tokens=40, grad_clip=1e9, shared_prefix=False)
+    model = distributed.shard(copy.deepcopy(base), mesh, "float32", False)
+    mine = B.collate(episodes(base.config.vocab_size)[rank * 6:(rank + 1) * 6], 0)
+    rec = Recorder(model)
+    mine_adv = adv[rank * 6:(rank + 1) * 6, :mine["mask"].shape[1]]
+    train.update(cfg, {"policy": model}, {"policy": rec}, None, mine, None, None, None, mine_adv, mine_adv, False, 0)
+    lengths = mine["attn"].sum(1)
+    micro = len(B.micro_batches(list(range(6)), lengths, cfg.micro_tokens))
+    grads = [g.full_tensor() for g in rec.grads[0]]
+    one = Recorder(base)
+    train.update(cfg, {"policy": base}, {"policy": one}, None, full, None, None, None, adv, adv, False, 0,
+                 lambda *xs: [float(x) for x in xs], lambda n: n)
+    return micro, max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, one.grads[0]))
+
+
+def test_fsdp2_update_over_micro_batches_has_the_one_process_gradient():
+    from tests.test_distributed import spawn
+
+    for micro, err in spawn(_fsdp2_against_one_process, "gloo"):
+        assert micro >= 2 and err < 1e-5, (micro, err)
