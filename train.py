@@ -88,16 +88,15 @@ def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: 
             micro = micro_batches(live, lengths, cfg.micro_tokens, batch if cfg.shared_prefix else None)
             micro = pad(micro, reduce_max(len(micro)))
             for i, mb in enumerate(micro):
-                # FSDP2 reduce-scatters every backward's gradients. On CPU (gloo, one thread a rank) those
-                # reductions took about half of a rank's update time: there the gradients accumulate
-                # unsharded and are reduced once, in the mini-batch's last backward (every rank runs as
-                # many micro-batches, so the last is the same on all). On GPUs the links are fast and an
-                # unsharded fp32 gradient of a large model would not fit: every backward reduces.
-                gradient_sync(models, not defer or (i == len(micro) - 1 and anchor is None))
+                # FSDP2 reduce-scatters every backward's gradients. On CPU (gloo, one thread a rank) they
+                # accumulate unsharded and are reduced once, in the mini-batch's last backward (every rank
+                # runs as many micro-batches, so the last is the same on all): 0.95x the update's time
+                # (bench/results/update_epyc.md). On GPUs the links are fast and an unsharded fp32 gradient
+                # of a large model would not fit; with an anchor, its own backward follows: both reduce always.
+                gradient_sync(models, not defer or anchor is not None or i == len(micro) - 1)
                 micro_step(cfg, models, batch, mb, old, ref_lp, values, adv, returns, kl_in_reward, tokens, norm,
                            world, epoch == 0, stats)
             if anchor is not None:
-                gradient_sync(models, True)
                 stats["bc_nll"] += anchor.backward(policy) / world  # every rank returns the global mean
             faults.point("update")  # test-only: gradients made, optimizer not stepped (faults.py)
             if apply:
