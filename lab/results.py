@@ -385,18 +385,17 @@ def seeds_table(dests: list[Path], resamples: int = 10_000, seed: int = 0) -> st
             mean = sum(c["diff"] for c in cells) / len(cells)
             lines.append(f"| {budget} | {after} | {before} | " + " | ".join(shown) +
                          f" | {above} of {len(cells)} | {scale * mean:+.{digits}f} |")
-    runs = [(name, _jsonl(dest / "run" / "metrics.jsonl")) for name, dest in zip(names, dests)
-            if (dest / "run" / "metrics.jsonl").exists()]
+    runs = [(name, dest) for name, dest in zip(names, dests) if (dest / "run" / "metrics.jsonl").exists()]
     if runs:
         lines += ["", "## The RL runs", "",
                   "Constant groups: the share of a step's groups whose samples all scored alike (no advantage, "
                   "nothing to learn).", "",
                   "| seed folder | RL steps | RL seconds | constant groups, mean | per step | CPU |", "|---|---|---|---|---|---|"]
-        for name, rows in runs:
-            steps = {r["step"]: r for r in rows if "skipped" in r}  # a resumed step counts once
+        for name, dest in runs:
+            steps = {r["step"]: r for r in _jsonl(dest / "run" / "metrics.jsonl") if "skipped" in r}  # resumed: once
             skipped = [steps[k]["skipped"] for k in sorted(steps)]
             seconds = sum(r.get("time/step", 0) for r in steps.values())
-            prov = _jsonl(dests[names.index(name)] / "run" / "provenance.jsonl")
+            prov = _jsonl(dest / "run" / "provenance.jsonl")
             cpu = prov[-1]["cpu"] if prov else "not recorded"
             mean = f"{sum(skipped) / len(skipped):.2f}" if skipped else "-"
             lines.append(f"| {name} | {len(steps)} | {seconds:,.0f} | {mean} | {', '.join(f'{x:.2f}' for x in skipped)} "
