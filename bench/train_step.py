@@ -43,8 +43,8 @@ closes every phase, so that no phase holds another rank's lag behind its first c
   twice (plain and shared, alternating which goes first, so that load changes hit both), seconds, CPU
   seconds and tokens/s of each and their ratio, and the micro-batches per rank of each packing
   (docs/performance.md).
-- with `--flops`: one more step under torch's FlopCounterMode (the FLOPs of every matmul and attention it
-  runs, summed over ranks), its FLOP/s at the timed update's seconds, and the machine's matmul peak in
+- with `--flops` (bench/update_bounds.py): one more step under torch's FlopCounterMode (the FLOPs of
+  every matmul and attention it runs, summed over ranks), its FLOP/s at the timed update's seconds, and the machine's matmul peak in
   `--dtype` measured on every rank at once (`matmul_peak`): how far the update is from compute-bound.
 - with `--profile N`: one more step under torch.profiler, each rank's N operators of the largest own
   (self) CPU time, with their share of the profiled step: where the update's time goes.
@@ -74,6 +74,7 @@ from infra import memplan  # noqa: E402
 import train  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
 import plain_step  # noqa: E402  (bench/, the script's own folder)
+import update_bounds  # noqa: E402  (bench/)
 from workload import LAYOUT, QWEN25_VOCAB, model_dir, synthetic  # noqa: E402
 
 PHASES = ("collate", "logprobs", "advantages", "update", "sync", "log", "wait", "gather_only", "plain_update",
@@ -314,34 +315,12 @@ def main() -> None:
                     by_variant[shared][k] += v / args.repeats
     sums = by_variant[variants[-1]]
     mem["max"] = maxrss_mb()
-    flops = None
-    if args.flops:  # one more step, counted, not timed; then the peak, every rank multiplying at once
-        from torch.utils.flop_counter import FlopCounterMode
-        counter = FlopCounterMode(display=False)
-        with counter:
-            step(policy, ref, opt, plain, engine, dataclasses.replace(cfg, shared_prefix=variants[-1]), d, args,
-                 mine, pad_id, world, mem)
-        dist.barrier()
-        counted, = distributed.all_sum(counter.get_total_flops())
-        from bench.machine import matmul_peak
-        peak, = distributed.all_sum(matmul_peak(getattr(torch, args.dtype)))
-        flops = {"update_flops": counted, "update_flops_per_s": counted / sums["update"], "peak_flops_per_s": peak}
-
-    if args.profile:  # one more step under the profiler; each rank prints its own top operators in turn
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            step(policy, ref, opt, plain, engine, dataclasses.replace(cfg, shared_prefix=variants[-1]), d, args,
-                 mine, pad_id, world, mem)
-        events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-        total = sum(e.self_cpu_time_total for e in events) or 1
-        for r in range(world):
-            dist.barrier()
-            if r == rank:
-                print(f"\n# rank {rank}: the {args.profile} operators of most self CPU time in one profiled step "
-                      f"({total / 1e6:.1f} s of self time in all)")
-                print(table([("operator", "calls", "self s", "share")] + [
-                    (e.key[:60], e.count, f"{e.self_cpu_time_total / 1e6:.2f}", f"{100 * e.self_cpu_time_total / total:.1f}%")
-                    for e in events[:args.profile]]), flush=True)
+    def extra_step():  # one more step, not timed: counted (--flops) or profiled (--profile), bench/update_bounds.py
+        step(policy, ref, opt, plain, engine, dataclasses.replace(cfg, shared_prefix=variants[-1]), d, args, mine,
+             pad_id, world, mem)
+    flops = update_bounds.flops(extra_step, args.dtype, sums["update"]) if args.flops else None
+    if args.profile:
+        update_bounds.profile(extra_step, args.profile, rank, world, table)
 
     lengths = torch.tensor([len(e.ids) for e in mine])
     micro = batch_.micro_batches(list(range(len(mine))), lengths, cfg.micro_tokens)
