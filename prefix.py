@@ -92,11 +92,12 @@ class Layout:
     mask: torch.Tensor       # (R, 1, C, P + C) bool: a continuation query may see this key
     back: torch.Tensor       # (S,) index of each packed token in [prefix outputs (G*P), tail outputs (R*C)]
     where: list              # per row of the micro-batch, (length,) packed index of each of its positions
+    starts: list             # (G,) each group's prefix length
 
     def to(self, device) -> "Layout":
         move = lambda t: t.to(device) if torch.is_tensor(t) else t  # noqa: E731
         return Layout(*(move(getattr(self, f)) for f in ("ids", "positions", "prefix", "tail", "owner", "mask",
-                                                          "back")), self.where)
+                                                          "back")), self.where, self.starts)
 
 
 def layout(ids: torch.Tensor, lengths: torch.Tensor, groups: torch.Tensor) -> Layout:
@@ -134,7 +135,7 @@ def layout(ids: torch.Tensor, lengths: torch.Tensor, groups: torch.Tensor) -> La
         back[idx] = g * P + torch.arange(len(idx))
     for r, idx in enumerate(tail_rows):
         back[idx] = len(prefix_rows) * P + r * C + torch.arange(len(idx))
-    return Layout(torch.cat(packed)[None], torch.cat(pos)[None], prefix, tail, owner_t, mask, back, where)
+    return Layout(torch.cat(packed)[None], torch.cat(pos)[None], prefix, tail, owner_t, mask, back, where, starts)
 
 
 def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -167,12 +168,72 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     kp, vp = take(key, lay.prefix), take(value, lay.prefix)                                   # (G, k, P, d)
     out_p = F.scaled_dot_product_attention(take(query, lay.prefix), heads(kp), heads(vp), is_causal=True,
                                            scale=scaling)                                      # (G, h, P, d)
-    keys = torch.cat([kp[lay.owner], take(key, lay.tail)], dim=2)                              # (R, k, P+C, d)
-    values = torch.cat([vp[lay.owner], take(value, lay.tail)], dim=2)
-    out_t = F.scaled_dot_product_attention(take(query, lay.tail), heads(keys), heads(values), attn_mask=lay.mask,
-                                           scale=scaling)                                      # (R, h, C, d)
+    qt, kt, vt = take(query, lay.tail), take(key, lay.tail), take(value, lay.tail)            # (R, ., C, d)
+    if query.device.type == "cpu":
+        out_t = TailAttention.apply(qt, heads(kp), heads(vp), heads(kt), heads(vt), lay.owner.tolist(), lay.starts,
+                                    scaling)                                                   # (R, h, C, d)
+    else:
+        keys, values = torch.cat([kp[lay.owner], kt], dim=2), torch.cat([vp[lay.owner], vt], dim=2)  # (R, k, P+C, d)
+        out_t = F.scaled_dot_product_attention(qt, heads(keys), heads(values), attn_mask=lay.mask, scale=scaling)
     out = torch.cat([out_p.transpose(1, 2).flatten(0, 1), out_t.transpose(1, 2).flatten(0, 1)])  # (G*P+R*C, h, d)
     return out.index_select(0, lay.back)[None], None
+
+
+class TailAttention(torch.autograd.Function):
+    """The continuations' attention on CPU without a mask: each query sees its group's whole prefix and
+    its own row causally, so it is two flash-attention calls, one over the prefix's keys (no mask) and
+    one over its own (`is_causal`), merged by their log-sum-exps. PyTorch's CPU flash kernel runs an
+    explicit mask 1.7x slower than `is_causal` over the same keys and cannot skip a masked block, so the
+    one masked call over [prefix, own] keys paid for C x (P + C) scores where C x P + C^2 / 2 are seen.
+
+    Backward (as in blockwise "ring" attention): with the merged output O and log-sum-exp L, each part's
+    probabilities are exp(s - L), and dS = P * (dP - rowsum(dO * O)) needs nothing else, so the kernel's
+    own backward run on each part with (O, L) gives that part's exact gradients.
+    q, kt, vt: (R, h, C, d); kp, vp: (G, h, P, d); owner: (R,) group of each row; starts: (G,) prefix length."""
+
+    @staticmethod
+    def forward(ctx, q, kp, vp, kt, vt, owner, starts, scale):
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        own, lse_own = flash(q, kt, vt, 0.0, True, scale=scale)                    # (R, h, C, d), (R, h, C)
+        acc = torch.promote_types(q.dtype, torch.float32)                          # the merge's precision
+        pre = torch.zeros_like(own, dtype=acc)
+        lse_pre = torch.full_like(lse_own, float("-inf"))
+        parts = _parts(owner, starts)
+        for rows, g, p in parts:
+            k, v = (x[g:g + 1, :, :p].expand(len(rows), -1, -1, -1) for x in (kp, vp))
+            o, lse = flash(q[rows], k, v, 0.0, False, scale=scale)
+            pre[rows], lse_pre[rows] = o.to(acc), lse
+        lse = torch.logaddexp(lse_pre, lse_own)
+        out = (torch.exp(lse_pre - lse)[..., None] * pre + torch.exp(lse_own - lse)[..., None] * own.to(acc))
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, kp, vp, kt, vt, out, lse)
+        ctx.parts, ctx.scale = parts, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        q, kp, vp, kt, vt, out, lse = ctx.saved_tensors
+        grad = grad.contiguous()
+        dq, dkt, dvt = backward(grad, q, kt, vt, out, lse, 0.0, True, scale=ctx.scale)
+        acc = torch.promote_types(q.dtype, torch.float32)      # the parts' sums in float32 at least
+        dq = dq.to(acc)
+        dkp, dvp = (torch.zeros_like(x, dtype=acc) for x in (kp, vp))
+        for rows, g, p in ctx.parts:
+            k, v = (x[g:g + 1, :, :p].expand(len(rows), -1, -1, -1) for x in (kp, vp))
+            gq, gk, gv = backward(grad[rows], q[rows], k, v, out[rows], lse[rows], 0.0, False, scale=ctx.scale)
+            dq[rows] += gq.to(acc)
+            dkp[g, :, :p] += gk.to(acc).sum(0)
+            dvp[g, :, :p] += gv.to(acc).sum(0)
+        return dq.to(q.dtype), dkp.to(kp.dtype), dvp.to(vp.dtype), dkt, dvt, None, None, None
+
+
+def _parts(owner: list[int], starts: list[int]) -> list[tuple[torch.Tensor, int, int]]:
+    """(rows, group, prefix length) for every group with a non-empty prefix."""
+    rows: dict[int, list[int]] = {}
+    for r, g in enumerate(owner):
+        rows.setdefault(g, []).append(r)
+    return [(torch.tensor(rs), g, starts[g]) for g, rs in rows.items() if starts[g] > 0]
 
 
 def enable(model) -> bool:

@@ -57,6 +57,41 @@ def test_layout_rebuilds_every_row_and_shares_the_common_prefix():
     assert prefix.common_prefix(ids[:2], lengths[:2]) == 3 and prefix.common_prefix(ids[:1], lengths[:1]) == 4
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unmasked_tail_attention_equals_the_masked_one(dtype):
+    """TailAttention (two flash calls merged by log-sum-exp, the kernel's backward per part) against one
+    masked SDPA over [prefix, own] keys in float64: groups of unequal prefixes (the shorter one padded),
+    one group of an empty prefix; outputs and all five gradients. In bf16 its error is at most the masked
+    bf16 call's own error (+ one bf16 rounding)."""
+    g = torch.Generator().manual_seed(0)
+    R, G, P, C, h, d = 6, 3, 7, 9, 4, 8
+    owner, starts = [0, 0, 0, 1, 1, 2], [7, 4, 0]
+    x64 = [torch.randn(shape, generator=g, dtype=torch.float64) for shape in
+           [(R, h, C, d), (G, h, P, d), (G, h, P, d), (R, h, C, d), (R, h, C, d)]]
+    grad = torch.randn(R, h, C, d, generator=g, dtype=torch.float64)
+    own = torch.tensor(owner)
+    seen = torch.arange(P)[None, :] < torch.tensor(starts)[own][:, None]
+    causal = torch.ones(C, C, dtype=torch.bool).tril()
+    mask = torch.cat([seen[:, None, None, :].expand(-1, 1, C, P), causal.expand(R, 1, C, C)], -1)
+
+    def masked(q, kp, vp, kt, vt):
+        keys, values = torch.cat([kp[own], kt], 2), torch.cat([vp[own], vt], 2)
+        return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
+    def run(fn, xs):
+        xs = [x.detach().requires_grad_() for x in xs]
+        out = fn(*xs)
+        return [out, *torch.autograd.grad(out, xs, grad.to(out.dtype))]
+
+    ref = run(masked, x64)
+    ours = run(lambda *xs: prefix.TailAttention.apply(*xs, owner, starts, None), [x.to(dtype) for x in x64])
+    theirs = run(masked, [x.to(dtype) for x in x64])
+    for a, b, r in zip(ours, theirs, ref):
+        err, base = (a.double() - r).abs().max().item(), (b.double() - r).abs().max().item()
+        assert err <= (1e-5 if dtype == torch.float32 else base + 2 ** -8 * r.abs().max().item()), (err, base)
+    assert ours[0].dtype == dtype and all(a.dtype == dtype for a in ours[1:])
+
+
 def test_group_micro_batches_cover_every_row_once_within_the_budget(tiny):
     batch = B.collate(episodes(tiny.config.vocab_size, groups=4), 0)
     rows = [r for r in range(16) if r != 5]
