@@ -92,12 +92,12 @@ class Layout:
     mask: torch.Tensor       # (R, 1, C, P + C) bool: a continuation query may see this key
     back: torch.Tensor       # (S,) index of each packed token in [prefix outputs (G*P), tail outputs (R*C)]
     where: list              # per row of the micro-batch, (length,) packed index of each of its positions
-    starts: list             # (G,) each group's prefix length
+    parts: list              # per group with a prefix: (its rows (n,), group, prefix length), for TailAttention
 
     def to(self, device) -> "Layout":
         move = lambda t: t.to(device) if torch.is_tensor(t) else t  # noqa: E731
         return Layout(*(move(getattr(self, f)) for f in ("ids", "positions", "prefix", "tail", "owner", "mask",
-                                                          "back")), self.where, self.starts)
+                                                          "back")), self.where, self.parts)
 
 
 def layout(ids: torch.Tensor, lengths: torch.Tensor, groups: torch.Tensor) -> Layout:
@@ -135,7 +135,9 @@ def layout(ids: torch.Tensor, lengths: torch.Tensor, groups: torch.Tensor) -> La
         back[idx] = g * P + torch.arange(len(idx))
     for r, idx in enumerate(tail_rows):
         back[idx] = len(prefix_rows) * P + r * C + torch.arange(len(idx))
-    return Layout(torch.cat(packed)[None], torch.cat(pos)[None], prefix, tail, owner_t, mask, back, where, starts)
+    parts = [(torch.tensor(rows), g, starts[g]) for g, rows in enumerate(groups_of(list(range(len(owner))), owner_t))
+             if starts[g] > 0]
+    return Layout(torch.cat(packed)[None], torch.cat(pos)[None], prefix, tail, owner_t, mask, back, where, parts)
 
 
 def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -170,8 +172,7 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
                                            scale=scaling)                                      # (G, h, P, d)
     qt, kt, vt = take(query, lay.tail), take(key, lay.tail), take(value, lay.tail)            # (R, ., C, d)
     if query.device.type == "cpu":
-        out_t = TailAttention.apply(qt, heads(kp), heads(vp), heads(kt), heads(vt), lay.owner.tolist(), lay.starts,
-                                    scaling)                                                   # (R, h, C, d)
+        out_t = TailAttention.apply(qt, heads(kp), heads(vp), heads(kt), heads(vt), lay.parts, scaling)  # (R, h, C, d)
     else:
         keys, values = torch.cat([kp[lay.owner], kt], dim=2), torch.cat([vp[lay.owner], vt], dim=2)  # (R, k, P+C, d)
         out_t = F.scaled_dot_product_attention(qt, heads(keys), heads(values), attn_mask=lay.mask, scale=scaling)
@@ -189,16 +190,15 @@ class TailAttention(torch.autograd.Function):
     Backward (as in blockwise "ring" attention): with the merged output O and log-sum-exp L, each part's
     probabilities are exp(s - L), and dS = P * (dP - rowsum(dO * O)) needs nothing else, so the kernel's
     own backward run on each part with (O, L) gives that part's exact gradients.
-    q, kt, vt: (R, h, C, d); kp, vp: (G, h, P, d); owner: (R,) group of each row; starts: (G,) prefix length."""
+    q, kt, vt: (R, h, C, d); kp, vp: (G, h, P, d); parts: `Layout.parts`, (rows, group, prefix length)."""
 
     @staticmethod
-    def forward(ctx, q, kp, vp, kt, vt, owner, starts, scale):
+    def forward(ctx, q, kp, vp, kt, vt, parts, scale):
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         own, lse_own = flash(q, kt, vt, 0.0, True, scale=scale)                    # (R, h, C, d), (R, h, C)
         acc = torch.promote_types(q.dtype, torch.float32)                          # the merge's precision
         pre = torch.zeros_like(own, dtype=acc)
         lse_pre = torch.full_like(lse_own, float("-inf"))
-        parts = _parts(owner, starts)
         for rows, g, p in parts:
             k, v = (x[g:g + 1, :, :p].expand(len(rows), -1, -1, -1) for x in (kp, vp))
             o, lse = flash(q[rows], k, v, 0.0, False, scale=scale)
@@ -225,15 +225,7 @@ class TailAttention(torch.autograd.Function):
             dq[rows] += gq.to(acc)
             dkp[g, :, :p] += gk.to(acc).sum(0)
             dvp[g, :, :p] += gv.to(acc).sum(0)
-        return dq.to(q.dtype), dkp.to(kp.dtype), dvp.to(vp.dtype), dkt, dvt, None, None, None
-
-
-def _parts(owner: list[int], starts: list[int]) -> list[tuple[torch.Tensor, int, int]]:
-    """(rows, group, prefix length) for every group with a non-empty prefix."""
-    rows: dict[int, list[int]] = {}
-    for r, g in enumerate(owner):
-        rows.setdefault(g, []).append(r)
-    return [(torch.tensor(rs), g, starts[g]) for g, rs in rows.items() if starts[g] > 0]
+        return dq.to(q.dtype), dkp.to(kp.dtype), dvp.to(vp.dtype), dkt, dvt, None, None
 
 
 def enable(model) -> bool:

@@ -27,8 +27,7 @@ def inputs(args, dtype):
     make = lambda *shape: torch.randn(*shape, generator=g).to(dtype).requires_grad_()  # noqa: E731
     q, kt, vt = make(R, h, args.tail, d), make(R, h, args.tail, d), make(R, h, args.tail, d)
     kp, vp = make(G, h, args.prefix, d), make(G, h, args.prefix, d)
-    owner = [r // args.rows for r in range(R)]
-    return q, kp, vp, kt, vt, owner, [args.prefix] * G
+    return q, kp, vp, kt, vt, [r // args.rows for r in range(R)], [args.prefix] * G
 
 
 def masked(q, kp, vp, kt, vt, owner, starts):
@@ -41,7 +40,8 @@ def masked(q, kp, vp, kt, vt, owner, starts):
 
 
 def merged(q, kp, vp, kt, vt, owner, starts):
-    return prefix.TailAttention.apply(q, kp, vp, kt, vt, owner, starts, None)
+    parts = [(torch.tensor([r for r, o in enumerate(owner) if o == g]), g, p) for g, p in enumerate(starts)]
+    return prefix.TailAttention.apply(q, kp, vp, kt, vt, parts, None)
 
 
 def timed(fn, xs) -> tuple[float, float]:

@@ -55,6 +55,7 @@ def test_layout_rebuilds_every_row_and_shares_the_common_prefix():
         assert torch.equal(lay.ids[0, lay.where[r]], ids[r, :lengths[r]])
         assert torch.equal(lay.positions[0, lay.where[r]], torch.arange(int(lengths[r])))
     assert prefix.common_prefix(ids[:2], lengths[:2]) == 3 and prefix.common_prefix(ids[:1], lengths[:1]) == 4
+    assert [(rows.tolist(), g, p) for rows, g, p in lay.parts] == [([0, 1, 2], 0, 2), ([3], 1, 3)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -84,7 +85,8 @@ def test_unmasked_tail_attention_equals_the_masked_one(dtype):
         return [out, *torch.autograd.grad(out, xs, grad.to(out.dtype))]
 
     ref = run(masked, x64)
-    ours = run(lambda *xs: prefix.TailAttention.apply(*xs, owner, starts, None), [x.to(dtype) for x in x64])
+    parts = [(torch.tensor([0, 1, 2]), 0, 7), (torch.tensor([3, 4]), 1, 4)]  # group 2 has no prefix: no part
+    ours = run(lambda *xs: prefix.TailAttention.apply(*xs, parts, None), [x.to(dtype) for x in x64])
     theirs = run(masked, [x.to(dtype) for x in x64])
     for a, b, r in zip(ours, theirs, ref):
         err, base = (a.double() - r).abs().max().item(), (b.double() - r).abs().max().item()
