@@ -12,7 +12,8 @@ from infra import console
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# As `bash run.sh train --env textcraft` printed them (two of each came from the two ranks)
+# As `bash run.sh train --env textcraft` printed them (two of each came from the two ranks; the venv's
+# path made generic)
 KNOWN = """\
 W1127 15:34:58.505000 3433 torch/distributed/run.py:874] 
 W1127 15:34:58.505000 3433 torch/distributed/run.py:874] *****************************************
@@ -21,10 +22,10 @@ process to be 1 in default, to avoid your system being overloaded, please furthe
 performance in your application as needed. 
 W1127 15:34:58.505000 3433 torch/distributed/run.py:874] *****************************************
 [rank0]:W1127 15:35:25.273000 3625 torch/_library/triton.py:53] Triton not available, find_triton_kernels = []
-/work/main/.venv/lib/python3.11/site-packages/vllm/triton_utils/dispatcher.py:138: FutureWarning: \
+/opt/venv/lib/python3.11/site-packages/vllm/triton_utils/dispatcher.py:138: FutureWarning: \
 `torch.distributed.reduce_op` is deprecated, please use `torch.distributed.ReduceOp` instead
   if hasattr(value, "__dict__"):
-/work/main/.venv/lib/python3.11/site-packages/vllm/triton_utils/dispatcher.py:139: FutureWarning: \
+/opt/venv/lib/python3.11/site-packages/vllm/triton_utils/dispatcher.py:139: FutureWarning: \
 `torch.distributed.reduce_op` is deprecated, please use `torch.distributed.ReduceOp` instead
   wrapper = lookup(vars(value).get("kernel"))
 [rank1]:[W1127 15:35:26.855102773 utils.cpp:68] Warning: NUMA binding: Using MEMBIND policy for memory \
