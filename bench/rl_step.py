@@ -5,12 +5,13 @@
     python bench/rl_step.py --model runs/sciworld-smollm2-seed0/warmstart --env sciworld --base-commit ad76be2
                                                                           # that commit (a), this tree (b)
 
-Each arm is train.py as `bash run.sh train` runs it (2 ranks under infra/lifeline.py, `--preset smollm2`)
-from the same warm-started model (`--model`, no new warm start: `--bc-episodes 0`), the same seed and
-tasks, `--steps` GRPO steps, no in-training evaluation. The arms run one after the other, (a) then (b),
-on the same machine; `--rounds 2` runs a, b, b, a so that a drift in the machine's load hits both. Printed:
-per arm the mean over its steps of train.py's own timers (metrics.jsonl: time/step, time/generate,
-time/update, time/logprobs, time/env, time/sync) and the ratio b / a, with the CPU's name.
+Each arm is train.py as `bash run.sh train` runs it (2 ranks under infra/lifeline.py, or under an older
+commit's own launcher; `--preset smollm2`) from the same warm-started model (`--model`, no new warm start:
+`--bc-episodes 0`), the same seed and tasks, `--steps` GRPO steps, no in-training evaluation. The arms run one
+after the other, (a) then (b), on the same machine; `--rounds 2` runs a, b, b, a so that a drift in the
+machine's load hits both. Printed: per arm the mean over its steps of train.py's own timers (metrics.jsonl:
+time/step, time/generate, time/update, time/logprobs, time/env, time/sync) and the ratio b / a, with the CPU's
+name.
 `--base-commit REV` checks REV out into a temporary git worktree for arm (a), so "today's commit against
 the new one" is one command.
 """
@@ -34,7 +35,11 @@ TIMERS = ("time/step", "time/generate", "time/update", "time/logprobs", "time/en
 
 def run_arm(repo: Path, out: Path, args, flags: list[str]) -> list[dict]:
     """train.py in `repo` for `args.steps` GRPO steps; returns its metrics rows."""
-    cmd = [sys.executable, "-m", "infra.lifeline", "--standalone", "--nproc_per_node", str(args.nproc), "train.py",
+    # the launcher as that commit's run.sh used it: infra/lifeline.py, lifeline.py before the code moved into
+    # infra/, torchrun before either existed
+    launcher = next((m for m, f in (("infra.lifeline", "infra/lifeline.py"), ("lifeline", "lifeline.py"))
+                     if (repo / f).exists()), "torch.distributed.run")
+    cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc_per_node", str(args.nproc), "train.py",
            "--preset", "smollm2", "--env", args.env, "--model", str(Path(args.model).resolve()), "--bc-episodes", "0",
            "--eval-every", "0", "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(out), *flags]
     print(f"$ (in {repo.name}) {shlex.join(cmd[1:])}", flush=True)
