@@ -126,10 +126,11 @@ def vllm_available() -> bool:
 
 def make_engine(model_dir: str, kind: str = "auto", device: str = "cpu", dtype: str = "float32",
                 max_model_len: int = 4096, seed: int = 0, gpu_memory_utilization: float = 0.5, max_seqs: int = 32,
-                compile: str = "auto"):
+                compile: str = "auto", kv_cache_dtype: str = "auto"):
     """`max_seqs`: how many episodes one generate call carries (this rank's batch); on CPU the KV cache
     is sized to hold them all at full context (`kv_cache_bytes`), unless VLLM_CPU_KVCACHE_SPACE is set.
-    `compile` (vLLM): on, off, or auto (`compiles`)."""
+    `compile` (vLLM): on, off, or auto (`compiles`). `kv_cache_dtype` (vLLM): auto (the model's dtype) or one
+    of vLLM's, e.g. fp8_e4m3, which `bench/generate.py --kv-cache-dtype` measures."""
     if kind == "auto":
         kind = "vllm" if vllm_available() else "hf"
     if kind == "vllm":
@@ -137,7 +138,7 @@ def make_engine(model_dir: str, kind: str = "auto", device: str = "cpu", dtype: 
         if device == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             kv = kv_cache_bytes(model_dir, dtype, max_model_len, max_seqs)
         return VLLMEngine(model_dir, device, dtype, max_model_len, seed, gpu_memory_utilization, kv_cache_bytes=kv,
-                          compiled=compiles(compile, model_dir, device))
+                          compiled=compiles(compile, model_dir, device), kv_cache_dtype=kv_cache_dtype)
     if kind == "hf":
         return HFEngine(model_dir, device, dtype)
     raise ValueError(f"unknown engine {kind!r}; use auto, vllm or hf")
@@ -205,7 +206,7 @@ def vllm_environment(device: str, kv_cache_bytes: int | None = None) -> None:
 
 class VLLMEngine:
     def __init__(self, model_dir, device, dtype, max_model_len, seed, gpu_memory_utilization,
-                 kv_cache_bytes: int | None = None, compiled: bool = False):
+                 kv_cache_bytes: int | None = None, compiled: bool = False, kv_cache_dtype: str = "auto"):
         vllm_environment(device, kv_cache_bytes)
         from vllm import LLM
 
@@ -215,6 +216,8 @@ class VLLMEngine:
                        enable_prefix_caching=True)      # each turn's prompt extends the last one
         if kv_cache_bytes is not None:  # the KV cache sized to the batch (make_engine), not in whole GiB
             options.update(kv_cache_memory_bytes=kv_cache_bytes)
+        if kv_cache_dtype != "auto":
+            options.update(kv_cache_dtype=kv_cache_dtype)
         if device == "cuda":
             options.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:

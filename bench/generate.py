@@ -59,6 +59,8 @@ def main(argv=None) -> int:
     p.add_argument("--new", type=int, default=32, help="decode steps timed per call")
     p.add_argument("--threads", type=int, default=1, help="threads of the rank (torchrun: cores / ranks)")
     p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bfloat16 or float32")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="vLLM's KV cache dtype: auto (the model's) or e.g. fp8_e4m3 (half the bytes attention reads)")
     p.add_argument("--episodes", type=Path, help="a recipe run's episodes.jsonl, for the straggler share")
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
     p.add_argument("--mode", choices=("eager", "compiled"), default="eager",
@@ -81,7 +83,7 @@ def main(argv=None) -> int:
     dtype = config.compute_dtype(args.dtype, "cpu", "smollm2")
     start = time.perf_counter()
     engine = make_engine(model_dir, "vllm", "cpu", dtype, 2048, 0, max_seqs=args.batch,
-                         compile="on" if args.mode == "compiled" else "off")
+                         compile="on" if args.mode == "compiled" else "off", kv_cache_dtype=args.kv_cache_dtype)
     start = time.perf_counter() - start  # compiled: inductor's build, or its cache's load
     weights = _weight_bytes(model_dir, dtype)
     kv = _kv_bytes(model_dir, dtype, args.batch, args.prompt)
@@ -116,7 +118,8 @@ def main(argv=None) -> int:
     bound_kv = 1000 * (weights + kv) / (bw["rank"] * 1e9)
     figures = {"cpu": cpu_name(), "threads": args.threads, "dtype": dtype, "batch": args.batch, "prompt": args.prompt,
                "bandwidth_gbs": bw, "weight_bytes": weights, "kv_bytes_at_prompt": kv,
-               "bound_ms": bound, "bound_with_kv_ms": bound_kv, "mode": args.mode, "engine_start_s": start, **rows}
+               "bound_ms": bound, "bound_with_kv_ms": bound_kv, "mode": args.mode, "kv_cache_dtype": args.kv_cache_dtype,
+               "engine_start_s": start, **rows}
     if args.episodes:
         figures["stragglers"] = stragglers(args.episodes)
     print(f"CPU: {figures['cpu']} ({cores} cores), {dtype}, {args.threads} thread(s) a rank, vLLM {args.mode} "
