@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The two newcomer commands, each with its own set-up:
 #   bash run.sh train                    the CPU learning recipe: SmolLM2 on BabyAI, its imitation control, the
-#                                        before/after table (SEED=1: another training seed; ENV=sciworld: SciWorld)
+#                                        before/after table (SEED=1: another training seed; ENV=sciworld: SciWorld;
+#                                        STEPS=36: that many RL steps instead of the preset's)
 #   bash run.sh train [train.py flags]   train.py with those flags (2 ranks), e.g. --env textcraft for the tiny model
 #   bash run.sh test  [pytest flags]     run the test suite
 # Set-up: creates .venv (or refreshes it when requirements.txt changed) with the exact pinned packages,
@@ -59,12 +60,16 @@ case "$cmd" in
     # report.html (lab/runreport.py).
     env=${ENV:-babyai}
     seed=${SEED:-0}
-    out=runs/$env-smollm2-seed$seed
-    results=${RESULTS:-results/$env-smollm2-seed$seed}
+    steps=${STEPS:-}  # empty: the preset's; else own folders, e.g. runs/babyai-smollm2-36steps-seed0
+    tag=${steps:+-${steps}steps}
+    out=runs/$env-smollm2$tag-seed$seed
+    results=${RESULTS:-results/$env-smollm2$tag-seed$seed}
+    more=()
+    if [ -n "$steps" ]; then more=(--steps "$steps"); fi
     launch=(python -m infra.lifeline --standalone --nproc_per_node "${NPROC:-2}")
     resume=()
     if compgen -G "$out/checkpoints/step_*" > /dev/null || [ -e "$out/warmstart/config.json" ]; then resume=(--resume); fi
-    [ -e "$out/eval-rl/results.json" ] || "${launch[@]}" train.py --preset smollm2 --env "$env" --seed "$seed" --out "$out" "${resume[@]}"
+    [ -e "$out/eval-rl/results.json" ] || "${launch[@]}" train.py --preset smollm2 --env "$env" --seed "$seed" --out "$out" "${more[@]}" "${resume[@]}"
     report "$out"
     # RL's wall time: its steps' (a resumed step counts once), without the validation evaluations
     rl_seconds=$(python -c "import json, sys; t = {d['step']: d.get('time/step', 0) for d in map(json.loads, open(sys.argv[1]))}; print(round(sum(t.values())))" "$out/metrics.jsonl")
@@ -85,7 +90,7 @@ print(c['env_options'].replace(' ', ''), max(schedule.parse(c['horizon']).budget
         --split test --limit "${LIMIT:-200}" --k 2 --turns "$turns" --max-tokens "$tokens" --max-context "$context" --out "$3"
     }
     untrained=runs/$env-smollm2-untrained published=results/$env-smollm2-seed0/evals/untrained
-    if [ ! -e "$untrained/results.json" ] && [ -e "$published/transcripts-all.jsonl.xz" ] && [ "$seed" != 0 ]; then
+    if [ ! -e "$untrained/results.json" ] && [ -e "$published/transcripts-all.jsonl.xz" ] && [ "$results" != "results/$env-smollm2-seed0" ]; then
       python -m lab.report --unpack "$published" "$untrained"  # evaluated once for all seeds: seed 0's
     fi
     evaluate untrained smollm2 "$untrained"
