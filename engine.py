@@ -213,11 +213,10 @@ class VLLMEngine:
         guard_llvmlite()
         options = dict(model=model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        enforce_eager=not compiled,
-                       enable_prefix_caching=True)      # each turn's prompt extends the last one
+                       enable_prefix_caching=True,      # each turn's prompt extends the last one
+                       kv_cache_dtype=kv_cache_dtype)   # vLLM's own default is "auto" too
         if kv_cache_bytes is not None:  # the KV cache sized to the batch (make_engine), not in whole GiB
             options.update(kv_cache_memory_bytes=kv_cache_bytes)
-        if kv_cache_dtype != "auto":
-            options.update(kv_cache_dtype=kv_cache_dtype)
         if device == "cuda":
             options.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
