@@ -2,7 +2,8 @@
 # The two newcomer commands, each with its own set-up:
 #   bash run.sh train                    the CPU learning recipe: SmolLM2 on BabyAI, its imitation control, the
 #                                        before/after table (SEED=1: another training seed; ENV=sciworld: SciWorld;
-#                                        STEPS=36: that many RL steps instead of the preset's)
+#                                        STEPS=36: that many RL steps instead of the preset's, from the
+#                                        preset run's warm start when runs/ holds it)
 #   bash run.sh train [train.py flags]   train.py with those flags (2 ranks), e.g. --env textcraft for the tiny model
 #   bash run.sh test  [pytest flags]     run the test suite
 # Set-up: creates .venv (or refreshes it when requirements.txt changed) with the exact pinned packages,
@@ -67,6 +68,14 @@ case "$cmd" in
     more=()
     if [ -n "$steps" ]; then more=(--steps "$steps"); fi
     launch=(python -m infra.lifeline --standalone --nproc_per_node "${NPROC:-2}")
+    preset=runs/$env-smollm2-seed$seed
+    if [ -n "$steps" ] && [ ! -e "$out/warmstart/config.json" ] && [ -e "$preset/warmstart/config.json" ]; then
+      # the warm start does not depend on the RL steps: the preset's run of this seed already trained it
+      echo "reusing the warm start of $preset (the same recipe and seed): its model, log and test evaluation"
+      mkdir -p "$out" && cp -r "$preset/warmstart" "$out/"
+      [ ! -e "$preset/warmstart.jsonl" ] || cp "$preset/warmstart.jsonl" "$out/"
+      [ ! -e "$preset/eval-warmstart/results.json" ] || cp -r "$preset/eval-warmstart" "$out/"
+    fi
     resume=()
     if compgen -G "$out/checkpoints/step_*" > /dev/null || [ -e "$out/warmstart/config.json" ]; then resume=(--resume); fi
     [ -e "$out/eval-rl/results.json" ] || "${launch[@]}" train.py --preset smollm2 --env "$env" --seed "$seed" --out "$out" "${more[@]}" "${resume[@]}"
