@@ -13,6 +13,8 @@ project's sampler (temperature 1, the sampled token's logprob), in one process w
 - `static, compiled`: the same decode step through torch.compile (inductor's C++ kernels, one fixed shape,
   so one graph for every step).
 
+`--attn eager` swaps PyTorch's CPU flash kernel (`sdpa`, built for many query tokens) for plain matmuls.
+
 Each figure is ms per decode step (the prefill apart), best of two, with the bound measured on the same
 machine (the weights' bytes plus the batch's KV cache, read once at one thread's bandwidth), and, with
 `--vllm`, bench/generate.py's figure for the same settings from its JSON, if measured on the same CPU.
@@ -41,6 +43,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bfloat16 or float32")
     p.add_argument("--model", default="smollm2", help="a model name of models.resolve_model, or a directory")
     p.add_argument("--modes", default="dynamic,static,compiled", help="which of dynamic, static, compiled to run")
+    p.add_argument("--attn", choices=("sdpa", "eager"), default="sdpa",
+                   help="transformers' attention: sdpa (PyTorch's CPU flash kernel) or eager (two matmuls and a softmax)")
     p.add_argument("--vllm", type=Path, help="bench/generate.py's --out JSON (or --compare's) to set beside")
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
     args = p.parse_args(argv)
@@ -60,7 +64,7 @@ def main(argv=None) -> int:
     bw = bandwidth(args.threads)
     model_dir = resolve_model(args.model)
     dtype = config.compute_dtype(args.dtype, "cpu", "smollm2")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), attn_implementation=args.attn)
     model.eval()
     bound = 1000 * (_weight_bytes(model_dir, dtype) + _kv_bytes(model_dir, dtype, args.batch, args.prompt)) / (bw * 1e9)
     gen = torch.Generator().manual_seed(0)
@@ -110,9 +114,9 @@ def main(argv=None) -> int:
     vllm = _vllm_figures(args.vllm, args.batch) if args.vllm else {}
     figures = {"cpu": cpu_name(), "cores": cores, "threads": args.threads, "dtype": dtype, "batch": args.batch,
                "prompt": args.prompt, "new": args.new, "bandwidth_gbs": bw, "bound_with_kv_ms": bound,
-               "decode_ms": rows, "compile_s": starts, "vllm_decode_ms": vllm}
+               "attn": args.attn, "decode_ms": rows, "compile_s": starts, "vllm_decode_ms": vllm}
     print(f"\nCPU: {figures['cpu']} ({cores} cores), {dtype}, {args.threads} thread(s), batch {args.batch} x "
-          f"{args.prompt}-token prompts, {args.new} new tokens, the project's sampler")
+          f"{args.prompt}-token prompts, {args.new} new tokens, the project's sampler, {args.attn} attention")
     print(f"bound (weights + the batch's KV cache at {bw:.1f} GB/s): {bound:.1f} ms")
     print("| generator | decode ms/step | against the bound |")
     print("|---|---|---|")

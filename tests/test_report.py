@@ -203,6 +203,11 @@ def test_unpack_gives_back_the_evaluation_it_published(evals, tmp_path):
         assert made == original
     with pytest.raises(SystemExit, match="holds an evaluation already"):
         RS.unpack(dest / "evals" / "seed-1", tmp_path / "back" / "seed-1")
+    # compared as it is, a published evaluation gets a one-line error naming --unpack, not a traceback
+    proc = subprocess.run([sys.executable, "-m", "lab.report", f"a={dest / 'evals' / 'seed-1'}", f"b={back}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(f"--unpack {dest / 'evals' / 'seed-1'} EVAL_DIR")
     again = R.paired([(label, E.load_transcripts(tmp_path / "back" / RS._slug(label) / "transcripts.jsonl", 4)[0])
                       for label, _ in evals])
     assert again == R.paired([(label, E.load_transcripts(d / "transcripts.jsonl", 4)[0]) for label, d in evals])
