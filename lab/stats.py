@@ -275,6 +275,11 @@ def load_transcripts(path: Path, k: int) -> tuple[list[dict], bool]:
 
 def load_evals(dirs: list[tuple[str, Path]]) -> tuple[list[tuple[str, dict]], list[tuple[str, list[dict]]]]:
     """(label, results.json) and (label, episode records) of evaluate.py output directories."""
+    for _, d in dirs:  # a one-line error, not a traceback, for a folder that is not an evaluation
+        if not (d / "results.json").exists():
+            hint = (f"a published evaluation: unpack it first, python -m lab.report --unpack {d} EVAL_DIR"
+                    if (d / "transcripts-all.jsonl.xz").exists() else "give evaluate.py's --out directory")
+            raise SystemExit(f"error: {d} has no results.json; {hint}")
     results = [(label, json.loads((d / "results.json").read_text())) for label, d in dirs]
     records = [(label, load_transcripts(d / "transcripts.jsonl", r["config"]["k"])[0])
                for (label, d), (_, r) in zip(dirs, results)]
