@@ -110,7 +110,8 @@ class Config:
                          "needs env.expert())", 0)
     bc_coef: float = doc("weight of the imitation term of --bc-anchor against the RL loss", 1.0)
     # machinery
-    engine: str = doc("rollout generator: auto (vLLM if installed), vllm, hf", "auto")
+    engine: str = doc("rollout generator: auto (vLLM if installed, else torch on CUDA, hf on CPU), vllm, torch "
+                       "(decode.py: the project's own decode loop, KV kept across turns, CUDA graphs) or hf", "auto")
     compile_generator: str = doc("vLLM: torch.compile the model (inductor): auto (on GPUs, and on CPU for models of "
                                  "50M+ parameters: SmolLM2 yes, the tiny model no), on or off", "auto")
     device: str = doc("auto (cuda when there is a GPU for every rank on this node, else cpu), cpu or cuda", "auto")
@@ -283,8 +284,8 @@ def check(cfg: Config, world: int) -> str | None:
         return f"unknown --kl-kind {cfg.kl_kind!r}; choose k1, k2 or k3"
     if cfg.compile_generator not in ("auto", "on", "off"):
         return f"unknown --compile-generator {cfg.compile_generator!r}; choose auto, on or off"
-    if cfg.engine not in ("auto", "vllm", "hf"):
-        return f"unknown --engine {cfg.engine!r}; choose auto, vllm or hf"
+    if cfg.engine not in ("auto", "vllm", "torch", "hf"):
+        return f"unknown --engine {cfg.engine!r}; choose auto, vllm, torch or hf"
     if cfg.device not in ("auto", "cpu", "cuda"):
         return f"unknown --device {cfg.device!r}; choose auto, cpu or cuda"
     if cfg.dtype not in ("auto", "float32", "bfloat16"):

@@ -29,7 +29,9 @@ rest, i.e. an LM head tied to the embedding) and `wake()` gives the KV cache its
 sequences of 2,048 tokens that is 1.2 GB less in every rank while the trainer updates (the whole
 KV cache and the packed copies).
 
-Pick one with `make_engine(model_dir, kind="auto"|"vllm"|"hf", ...)`: auto takes vLLM when it imports.
+Pick one with `make_engine(model_dir, kind="auto"|"vllm"|"torch"|"hf", ...)`: auto takes vLLM when it
+imports, else on CUDA the project's own decode loop (`torch`, decode.py: KV kept across turns, CUDA graphs),
+else transformers' generate (`hf`).
 `cpu_supports_bf16()` says whether bfloat16 is the faster dtype on this CPU.
 """
 from __future__ import annotations
@@ -131,8 +133,7 @@ def make_engine(model_dir: str, kind: str = "auto", device: str = "cpu", dtype: 
     is sized to hold them all at full context (`kv_cache_bytes`), unless VLLM_CPU_KVCACHE_SPACE is set.
     `compile` (vLLM): on, off, or auto (`compiles`). `kv_cache_dtype` (vLLM): auto (the model's dtype) or one
     of vLLM's, e.g. fp8_e4m3, which `bench/generate.py --kv-cache-dtype` measures."""
-    if kind == "auto":
-        kind = "vllm" if vllm_available() else "hf"
+    kind = engine_kind(kind, device)
     if kind == "vllm":
         kv = None
         if device == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
@@ -141,7 +142,18 @@ def make_engine(model_dir: str, kind: str = "auto", device: str = "cpu", dtype: 
                           compiled=compiles(compile, model_dir, device), kv_cache_dtype=kv_cache_dtype)
     if kind == "hf":
         return HFEngine(model_dir, device, dtype)
-    raise ValueError(f"unknown engine {kind!r}; use auto, vllm or hf")
+    if kind == "torch":
+        from decode import TorchEngine  # decode.py imports this file's contract
+        return TorchEngine(model_dir, device, dtype, seed)
+    raise ValueError(f"unknown engine {kind!r}; use auto, vllm, torch or hf")
+
+
+def engine_kind(kind: str, device: str) -> str:
+    """auto: vLLM where installed; else on CUDA the project's own decode loop (decode.py, about 50x faster
+    there than transformers' generate by design: docs/gpu.md), and on the CPU transformers' generate."""
+    if kind != "auto":
+        return kind
+    return "vllm" if vllm_available() else "torch" if device.startswith("cuda") else "hf"
 
 
 COMPILE_PARAMETERS = 50_000_000  # auto compiles from here up: SmolLM2-135M yes, the 1M-parameter test model no

@@ -91,7 +91,7 @@ class EvalConfig:
     seed: int = doc("base seed; each chunk of tasks derives its own from it", 0)
     max_tokens: int = doc("token cap of one reply; 0: the paper's value for the env (200 or 512)", 0)
     max_context: int = doc("token cap of a whole episode (prompt + all turns)", 8192)
-    engine: str = doc("generator: auto (vLLM if installed), vllm, hf", "auto")
+    engine: str = doc("generator: auto (vLLM if installed, else torch on CUDA, hf on CPU), vllm, torch, hf", "auto")
     compile_generator: str = doc("vLLM: torch.compile the model (inductor): auto (on GPUs, and on CPU for models of "
                                  "50M+ parameters: SmolLM2 yes, the tiny model no), on or off", "auto")
     device: str = doc("auto (cuda when there is a GPU for every rank on this node, else cpu), cpu or cuda", "auto")
@@ -185,8 +185,8 @@ def check(cfg: EvalConfig) -> str | None:
         return "--limit, --max-tokens and --env-timeout must be 0 (default for the first two) or positive"
     if cfg.compile_generator not in ("auto", "on", "off"):
         return f"unknown --compile-generator {cfg.compile_generator!r}; choose auto, on or off"
-    if cfg.engine not in ("auto", "vllm", "hf") or cfg.device not in ("auto", "cpu", "cuda"):
-        return f"--engine {cfg.engine!r} / --device {cfg.device!r}: choose auto, vllm or hf / auto, cpu or cuda"
+    if cfg.engine not in ("auto", "vllm", "torch", "hf") or cfg.device not in ("auto", "cpu", "cuda"):
+        return f"--engine {cfg.engine!r} / --device {cfg.device!r}: choose auto, vllm, torch or hf / auto, cpu or cuda"
     if not cfg.greedy and (cfg.temperature <= 0 or not 0 < cfg.top_p <= 1):
         return "sampling needs --temperature > 0 and 0 < --top-p <= 1; for greedy decoding use --greedy"
     try:

@@ -183,7 +183,7 @@ def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl:
         f"activations ({T} tokens, {'checkpointing' if checkpointing else 'no checkpointing'})":
             acts + 3 * T * s.H * c,
     }
-    engine_bytes = {"none": 0.0, "hf": P * c,
+    engine_bytes = {"none": 0.0, "hf": P * c, "torch": P * c,
                     "vllm": (P * c + vllm_cpu_kv_gib(s, dtype, max_context, seqs) * GB) if device == "cpu" else 0.0
                     }[engine]
     # vLLM sleeps through the update (engine.py): on GPU it keeps its graphs and buffers (VLLM_GPU_ASLEEP);
@@ -196,6 +196,8 @@ def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl:
     rollout = {k: v for k, v in train.items() if k.startswith(kept)}
     gen = engine_bytes if not (engine == "vllm" and device == "cuda") else gpu_util * gpu_gb * GB
     rollout["generator (awake)"] = gen
+    if engine == "torch":  # decode.py: its sleep() drops the KV rows, so they count only while it generates
+        rollout.update(torch_engine_rows(s, c, max_context, seqs, device))
     kv_tokens = None
     if engine == "vllm" and device == "cuda":
         kv_tokens = max(0.0, gen - P * c - 0.05 * gen) / (2 * s.L * s.kv * c)  # ~5% for vLLM's activations
@@ -205,6 +207,19 @@ def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl:
     else:
         load, host = {"runtime": runtime, "the whole model in fp32": 4 * P}, {}
     return {"train": train, "rollout": rollout, "load": load, "host": host, "params": P, "kv_tokens": kv_tokens}
+
+
+def torch_engine_rows(s: Shape, c: int, max_context: int, seqs: int, device: str) -> dict:
+    """decode.TorchEngine's memory while it generates, beside its weights: the KV rows of `seqs` episodes at
+    `max_context` tokens (plus one layer while a turn's rows are rebuilt from the last turn's), the sampler's
+    (rows x V) temporaries (logits in c, then float32 logits, probabilities, CDF, top-p's sort), and one
+    prefill chunk (decode.TorchEngine.prefill_tokens): its activations and its attention mask (bool, and
+    SDPA's float bias), per query head group (G = heads / kv heads) and cached position."""
+    chunk = 16384 if device == "cuda" else 2048
+    g = s.heads // s.kv_heads
+    return {f"KV rows ({seqs} x {max_context} tokens)": 2 * s.L * s.kv * c * max_context * seqs * (1 + 1 / s.L),
+            f"sampler ({seqs} x {s.V})": seqs * s.V * (c + 5 * 4),
+            f"prefill chunk ({chunk} tokens)": chunk * (c * (6 * s.H + 3 * s.I) + g * max_context * 5)}
 
 
 def peak(p: dict) -> float:
@@ -284,7 +299,7 @@ def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None
               checkpointing: bool | None = None) -> dict:
     """`plan` for a train.py Config (or anything with its fields) at this world size."""
     s = shape(model_config(cfg.model))
-    engine = cfg.engine if cfg.engine != "auto" else _auto_engine()
+    engine = _engine(cfg.engine, device)
     tokens = max(micro_tokens or cfg.micro_tokens, cfg.max_context)  # one long episode fills a micro-batch alone
     runtime = (rss_bytes() + (VLLM_RUNTIME if engine == "vllm" else 0)) if device == "cpu" else 1.0 * GB
     gpu_gb = available(1, "cuda")[0] / GB if device == "cuda" else 80.0
@@ -295,9 +310,9 @@ def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None
                 grads_resident=getattr(cfg, "min_groups", 0) > 0)
 
 
-def _auto_engine() -> str:
-    from engine import vllm_available
-    return "vllm" if vllm_available() else "hf"
+def _engine(kind: str, device: str) -> str:
+    from engine import engine_kind
+    return engine_kind(kind, device)
 
 
 FLAG_OF_ROW = (("activations", "--micro-tokens (or --checkpointing)"), ("LM-head", "--micro-tokens"),
@@ -359,9 +374,10 @@ def check_generation(model: str, engine: str, device: str, dtype: str, max_conte
     if device == "cuda":  # vLLM takes its share of the GPU (gpu_memory_utilization) and sizes the cache itself
         return None
     s = shape(model_config(model))
-    engine = engine if engine != "auto" else _auto_engine()
+    engine = _engine(engine, device)
     c = 2 if dtype == "bfloat16" else 4
-    kv = vllm_cpu_kv_gib(s, dtype, max_context, seqs) * GB if engine == "vllm" else 0.0
+    kv = vllm_cpu_kv_gib(s, dtype, max_context, seqs) * GB if engine == "vllm" else \
+        sum(torch_engine_rows(s, c, max_context, seqs, device).values()) if engine == "torch" else 0.0
     need = rss_bytes() + (VLLM_RUNTIME if engine == "vllm" else 0) + max(4 * s.params, s.params * c + kv)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
     budget, source = available(local, device)

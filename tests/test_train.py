@@ -121,7 +121,7 @@ def test_grpo_learns_a_toy_task(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine, nproc", [("vllm", 2), ("hf", 1)])
+@pytest.mark.parametrize("engine, nproc", [("vllm", 2), ("hf", 1), ("torch", 2)])
 def test_synced_weights_reach_the_engine(engine, nproc):
     if engine == "vllm":
         pytest.importorskip("vllm")

@@ -1,0 +1,380 @@
+"""The project's own generator: a decode loop over a transformers model's modules, for CUDA machines
+without vLLM (`--engine torch`; `auto` picks it there). It runs on the CPU too, which is how it is tested.
+
+    engine = TorchEngine(model_dir, "cuda", "bfloat16")
+    engine.generate(prompts, Sampling(...)) -> [Sample(ids, logprobs)]     # engine.py's contract
+
+Why not transformers' `generate`: on an H200 it took 170 ms per decode step at batch 512 on SmolLM2, some
+50x the step's bytes at the GPU's bandwidth (docs/gpu.md): a Python loop of about 1,400 kernel launches
+and a sync a step, a fresh prefill of the whole conversation every turn, a cache grown by `torch.cat`,
+KV heads copied 3 -> 9 under a padding mask, and every step's logits kept in fp32. Here:
+
+1. **KV rows kept across turns.** A turn's prompt is the last turn's prompt, its reply and the new
+   observation, so each prompt is matched to the previous call's row with the longest cached prefix
+   (`match`, by chained hashes of 32-token blocks, then checked token by token) and only its new tokens
+   are prefilled. Identical remainders are prefilled once: a group's n samples share one first prompt.
+2. **One shape per call.** A call's KV is one (rows, kv heads, W, head dim) tensor per layer, W fixed for
+   the call (the longest prompt + reply, rounded up), written in place at each row's own position: no
+   growth, no padding of positions. So every decode step of a call has the same shapes and, on CUDA, is
+   captured once as a CUDA graph and replayed: one launch a step instead of ~1,400.
+3. **Grouped-query attention without copied heads.** The G query heads that share a KV head are laid out
+   as G query positions of that head, so SDPA runs on the KV heads as they are stored, with a mask that
+   lets row b see positions <= its own (`attend`).
+4. **Sampling inside the step, seeded per request.** One uniform per row from a counter-based hash of
+   (the request's seed, the token's position) (`uniform`, splitmix64), turned into a token by the inverse
+   CDF of softmax(logits / T) (top-p applied first when < 1): a request's sample does not depend on the
+   batch it ran in, and no per-row torch.Generator (which a graph cannot take) is needed. The logprob is
+   the raw model's (before temperature and top-p), as the trainer scores it (engine.py's contract).
+5. **The host looks every CHECK_EVERY steps** whether every row has stopped (a stop id or its cap).
+
+`sync_weights` copies the new weights in and drops every cached row (their KV came from the old
+weights); `sleep()` frees the cache. Llama-shaped decoders only (Llama, Qwen2, Qwen3, Mistral without
+sliding windows): `supports` says why another is refused.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+
+from engine import Sample, Sampling
+
+BLOCK = 32           # tokens per hashed block of the prefix match
+WIDTH_STEP = 64      # a call's KV width is rounded up to this (SDPA's mask alignment; fewer distinct shapes)
+CHECK_EVERY = 8      # decode steps between the host's looks at "has every row stopped?"
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def supports(config) -> str | None:
+    """None if this decode loop computes the model exactly as transformers does, else why not."""
+    if config.model_type not in SUPPORTED:
+        return f"--engine torch runs {', '.join(SUPPORTED)} decoders, not {config.model_type!r}; use --engine hf"
+    if getattr(config, "use_sliding_window", False) or (
+            config.model_type == "mistral" and getattr(config, "sliding_window", None)):
+        return "--engine torch has no sliding-window attention; use --engine hf"
+    return None
+
+
+# ---- sampling ----------------------------------------------------------------------------------------
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(c: int) -> int:
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+_GOLDEN, _MIX1, _MIX2 = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic on signed integers)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def uniform(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """(R,) float32 in [0, 1): splitmix64's output for state seed + position * golden ratio, 24 bits of it.
+    int64 arithmetic wraps on overflow, as the 64-bit original does (tests check it against Python's)."""
+    x = seed + position * _GOLDEN
+    x = (x ^ _shr(x, 30)) * _MIX1
+    x = (x ^ _shr(x, 27)) * _MIX2
+    x = x ^ _shr(x, 31)
+    return _shr(x, 40).float() * 2.0**-24
+
+
+def request_seed(seed: int | None, gen: torch.Generator) -> int:
+    """A request's 63-bit seed: its own, or (None) one drawn from the engine's generator."""
+    if seed is None:
+        return int(torch.randint(0, 2**62, (), generator=gen))
+    return int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=8).digest(), "little") >> 1
+
+
+def sample(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of (R, V) float32 logits, by the inverse CDF at the row's uniform u (R,); and its
+    raw logprob, log_softmax(logits) (no temperature, no top-p: what the trainer recomputes)."""
+    if temperature == 0:
+        token = logits.argmax(-1)
+    else:
+        probs = torch.softmax(logits / temperature, -1)                       # (R, V)
+        order = None
+        if top_p < 1:  # nucleus: the smallest set of likeliest tokens whose mass reaches top_p
+            probs, order = probs.sort(-1, descending=True)
+            before = probs.cumsum(-1) - probs
+            probs = probs.masked_fill(before >= top_p, 0.0)  # the first token always stays (before = 0)
+        cdf = probs.cumsum(-1)                                                  # (R, V)
+        total = cdf[:, -1:]
+        # strictly below the total: a right-sided search then lands on a token of positive probability
+        value = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+        token = torch.searchsorted(cdf, value, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
+        if order is not None:
+            token = order.gather(-1, token[:, None]).squeeze(-1)
+    logprob = logits.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+    return token, logprob
+
+
+# ---- the model's forward over cached rows -------------------------------------------------------------
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), -1)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
+    """q (b, s, H, D) against the cache k, v (b, Hkv, W, D); visible (b, s, W) bool. Returns (b, s, H*D).
+    The G = H / Hkv query heads of one KV head become G x s query rows of that head: no KV head is copied
+    (transformers' repeat_kv copies them, once per layer and step)."""
+    b, s, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    g = heads // kv_heads
+    q = q.view(b, s, kv_heads, g, dim).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, g * s, dim)
+    mask = visible[:, None, None].expand(b, 1, g, s, visible.shape[-1]).reshape(b, 1, g * s, visible.shape[-1])
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)       # (b, Hkv, G*s, D)
+    return out.view(b, kv_heads, g, s, dim).permute(0, 3, 1, 2, 4).reshape(b, s, heads * dim)
+
+
+@dataclass
+class Cache:
+    """A call's KV: per layer (rows, Hkv, W, D) keys and values, and the token ids whose KV each row holds."""
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    ids: list[list[int]]
+
+    @property
+    def width(self) -> int:
+        return self.keys[0].shape[2]
+
+
+def block_hashes(ids: list[int], n: int) -> list[int]:
+    """Chained hashes of ids[:32], ids[:64], ... over the first n tokens: equal hashes, equal prefixes."""
+    out, h = [], 0
+    for k in range(n // BLOCK):
+        h = hash((h, tuple(ids[k * BLOCK:(k + 1) * BLOCK])))
+        out.append(h)
+    return out
+
+
+def match(prompt: list[int], cache: Cache | None, index: dict[int, int]) -> tuple[int, int]:
+    """(row, m): the previous call's row holding the longest prefix of `prompt`, and how many tokens of it
+    (at most len(prompt) - 1: the last prompt token is fed to the first decode step); (-1, 0) if none."""
+    if cache is None:
+        return -1, 0
+    row, depth = -1, 0
+    for k, h in enumerate(block_hashes(prompt, len(prompt) - 1)):  # chained: the first miss ends the walk
+        if h not in index:
+            break
+        row, depth = index[h], (k + 1) * BLOCK
+    if row < 0:
+        return -1, 0
+    cached = cache.ids[row]
+    if cached[:depth] != prompt[:depth]:  # a hash collision
+        return -1, 0
+    m, end = depth, min(len(cached), len(prompt) - 1)
+    while m < end and cached[m] == prompt[m]:
+        m += 1
+    return row, m
+
+
+class TorchEngine:
+    """engine.py's generator contract over a transformers model, decoded by this file's own loop."""
+
+    def __init__(self, model_dir: str, device: str = "cpu", dtype: str = "float32", seed: int = 0,
+                 prefill_tokens: int | None = None, graphs: bool | None = None):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
+        if problem := supports(self.model.config):
+            raise ValueError(problem)
+        self.device = torch.device(device)
+        self.decoder = self.model.get_decoder()
+        attn = self.decoder.layers[0].self_attn
+        self.head_dim, self.scale = attn.head_dim, attn.scaling
+        self.heads = self.model.config.num_attention_heads
+        self.kv_heads = self.model.config.num_key_value_heads
+        cuda = self.device.type == "cuda"
+        self.prefill_tokens = prefill_tokens or (16384 if cuda else 2048)  # tokens per prefill chunk
+        self.graphs = cuda if graphs is None else graphs
+        self.gen = torch.Generator().manual_seed(seed)  # seeds of unseeded requests
+        self.cache: Cache | None = None
+        self.index: dict[int, int] = {}
+        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0}
+
+    # -- one layer stack over (rows, positions) --
+    def _layers(self, h, rows: slice, pos, cache: Cache, cos, sin, width: int):
+        """h (b, s, hidden) at positions pos (b, s) of the cache's rows `rows`; their KV written there."""
+        b, s, _ = h.shape
+        visible = torch.arange(width, device=h.device)[None, None, :] <= pos[:, :, None]       # (b, s, W)
+        c, n = cos[pos][:, :, None], sin[pos][:, :, None]                                       # (b, s, 1, D)
+        at = torch.arange(b, device=h.device)[:, None]
+        for layer, keys, values in zip(self.decoder.layers, cache.keys, cache.values):
+            a = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = a.q_proj(x).view(b, s, self.heads, self.head_dim)
+            k = a.k_proj(x).view(b, s, self.kv_heads, self.head_dim)
+            v = a.v_proj(x).view(b, s, self.kv_heads, self.head_dim)
+            if hasattr(a, "q_norm"):  # Qwen3 normalises q and k per head before RoPE
+                q, k = a.q_norm(q), a.k_norm(k)
+            q, k = q * c + _rotate_half(q) * n, k * c + _rotate_half(k) * n
+            keys, values = keys[rows], values[rows]                                            # views
+            keys[at, :, pos] = k                                                                 # (b, s, Hkv, D)
+            values[at, :, pos] = v
+            h = h + a.o_proj(attend(q, keys, values, visible, self.scale))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return h
+
+    def _rope(self, width: int):
+        positions = torch.arange(width, device=self.device)[None]
+        dummy = torch.zeros(1, dtype=self.model.dtype, device=self.device)
+        cos, sin = self.decoder.rotary_emb(dummy, positions)                                    # (1, W, D)
+        return cos[0], sin[0]
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: Sampling) -> list[Sample]:
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("an empty prompt: every prompt needs at least one token")
+        caps, seeds = params.caps(len(prompts)), params.seeds(len(prompts))
+        width = -(-max(len(p) + cap for p, cap in zip(prompts, caps)) // WIDTH_STEP) * WIDTH_STEP
+        cos, sin = self._rope(width)
+        unit_of = self._build(prompts, width, cos, sin)
+        cache = self.cache
+        if len(set(unit_of)) < len(prompts):  # a unit shared by several prompts (a group's one prompt): copied out
+            idx = torch.tensor(unit_of, device=self.device)
+            cache = Cache([k[idx] for k in cache.keys], [v[idx] for v in cache.values], [])
+            order = list(range(len(prompts)))  # row r is prompt r
+        else:
+            order = sorted(range(len(prompts)), key=unit_of.__getitem__)  # row r is unit r: prompt order[r]
+        samples = self._decode([prompts[i] for i in order], [caps[i] for i in order], [seeds[i] for i in order],
+                               params, cache, cos, sin)
+        cache.ids = [prompts[i] + s.ids[:-1] for i, s in zip(order, samples)]  # the last sampled token has no KV yet
+        self.cache, self.index = cache, {}
+        for r, ids in enumerate(cache.ids):
+            for h in block_hashes(ids, len(ids)):
+                self.index.setdefault(h, r)
+        out = [None] * len(prompts)
+        for i, s in zip(order, samples):
+            out[i] = s
+        return out
+
+    def _build(self, prompts, width, cos, sin) -> list[int]:
+        """This call's prefill units, one per distinct (source row, matched prefix, remainder), numbered by
+        the remainder's length so that a prefill chunk is a slice of rows; their KV: the matched prefix
+        copied from the previous call's rows, the remainder prefilled. Leaves the units' cache in
+        self.cache; returns the unit of each prompt."""
+        found = {}
+        for i, p in enumerate(prompts):
+            row, m = match(p, self.cache, self.index)
+            found.setdefault((row, m, tuple(p[m:len(p) - 1])), []).append(i)
+        plan = sorted(found.items(), key=lambda kv: len(kv[0][2]))  # [((row, m, tail), prompts)], shortest first
+        unit_of = [0] * len(prompts)
+        for u, (_, members) in enumerate(plan):
+            for i in members:
+                unit_of[i] = u
+        old, shape = self.cache, (len(plan), self.kv_heads, width, self.head_dim)
+        new = Cache([], [], [])
+        src = torch.tensor([max(row, 0) for (row, _, _), _ in plan], device=self.device)
+        for layer in range(len(self.decoder.layers)):  # a layer at a time: old and new rows never both whole
+            for old_t, new_t in ((None, new.keys), (None, new.values)) if old is None else \
+                    ((old.keys, new.keys), (old.values, new.values)):
+                t = torch.zeros(shape, dtype=self.model.dtype, device=self.device)  # finite: masked keys meet 0 weights
+                if old_t is not None:
+                    w = min(width, old_t[layer].shape[2])
+                    t[:, :, :w] = old_t[layer][src, :, :w]
+                    old_t[layer] = None
+                new_t.append(t)
+        self.cache = new
+        self.stats["reused_tokens"] += sum(m for (_, m, _), _ in plan)
+        start = next((u for u, ((_, _, tail), _) in enumerate(plan) if tail), len(plan))
+        while start < len(plan):  # chunks of units under the token budget (lengths ascend: little padding)
+            end = start + 1
+            while end < len(plan) and len(plan[end][0][2]) * (end + 1 - start) <= self.prefill_tokens:
+                end += 1
+            n = len(plan[end - 1][0][2])
+            ids = torch.zeros(end - start, n, dtype=torch.long)
+            pos = torch.zeros(end - start, n, dtype=torch.long)
+            for j, ((_, m, tail), _) in enumerate(plan[start:end]):
+                ids[j, :len(tail)] = torch.tensor(tail)
+                pos[j] = torch.arange(m, m + n).clamp_(max=width - 1)  # padding past the tail: rewritten later
+            h = self.decoder.embed_tokens(ids.to(self.device))
+            self._layers(h, slice(start, end), pos.to(self.device), new, cos, sin, width)
+            self.stats["prefill_tokens"] += sum(len(tail) for (_, _, tail), _ in plan[start:end])
+            start = end
+        return unit_of
+
+    def _decode(self, prompts, caps, seeds, params: Sampling, cache: Cache, cos, sin) -> list[Sample]:
+        """Every row of `cache` (row r: prompts[r]) decoded to its stop or cap, one step a loop turn."""
+        R, dev, steps = len(prompts), self.device, max(caps)
+        tok = torch.tensor([p[-1] for p in prompts], device=dev)
+        pos = torch.tensor([len(p) - 1 for p in prompts], device=dev)
+        cap = torch.tensor(caps, device=dev)
+        seeds = torch.tensor([request_seed(s, self.gen) for s in seeds], device=dev)
+        stops = torch.tensor(list(params.stop_ids) or [-1], device=dev)
+        count = torch.zeros(R, dtype=torch.long, device=dev)
+        done = torch.zeros(R, dtype=torch.bool, device=dev)
+        out_ids = torch.zeros(R, steps, dtype=torch.long, device=dev)
+        out_lp = torch.zeros(R, steps, dtype=torch.float32, device=dev)
+        width, head = cache.width, self.model.get_output_embeddings()
+        column = torch.zeros(R, 1, dtype=torch.long, device=dev)  # the step's output column
+
+        def step():
+            h = self._layers(self.decoder.embed_tokens(tok)[:, None], slice(None), pos[:, None], cache, cos, sin, width)
+            logits = head(self.decoder.norm(h[:, 0])).float()                                   # (R, V)
+            token, logprob = sample(logits, uniform(seeds, pos + 1), params.temperature, params.top_p)
+            live = ~done
+            out_ids.scatter_(1, column, token[:, None])
+            out_lp.scatter_(1, column, logprob[:, None])
+            column.add_(1)
+            # a row that stops here still moves on once (its last token's KV is then written, harmlessly);
+            # rows stopped before stay where they are, rewriting that same KV
+            tok.copy_(torch.where(live, token, tok))
+            pos.copy_(torch.where(live, pos + 1, pos).clamp_(max=width - 1))
+            count.add_(live.long())
+            done.copy_(done | (live & ((token[:, None] == stops).any(-1) | (count >= cap))))
+
+        graph, t = None, 0
+        while t < steps:
+            if graph is None and self.graphs and t == 2:  # two eager steps warm up (cuBLAS workspaces)
+                graph = self._capture(step)
+            if graph is not None:
+                graph.replay()
+            else:
+                step()
+            t += 1
+            if t % CHECK_EVERY == 0 and bool(done.all()):
+                break
+        self.stats["decode_steps"] += t
+        ids, lps, counts = out_ids.tolist(), out_lp.tolist(), count.tolist()
+        return [Sample(ids[r][:counts[r]], lps[r][:counts[r]]) for r in range(R)]
+
+    def _capture(self, step):
+        """The decode step as a CUDA graph: its kernels recorded once and replayed with one launch."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        return graph
+
+    def reset(self) -> None:
+        """Drop every cached row (after a weight change their KV is stale)."""
+        self.cache, self.index = None, {}
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name in params:  # tied embeddings appear once in the model, maybe twice in the stream
+                    params[name].copy_(tensor.to(params[name].dtype))
+        self.reset()
+
+    def sleep(self) -> None:
+        self.reset()
+
+    def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.reset()

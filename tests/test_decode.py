@@ -1,0 +1,201 @@
+"""decode.py, the project's own decode loop, on the CPU: its sampler and seeds, the same tokens as
+transformers under greedy decoding (float32, tiny model and SmolLM2), the model's own logprobs in
+bfloat16, KV rows reused across turns exactly as a fresh prefill, a group's prompt prefilled once,
+and a weight sync that drops every cached row. CUDA graphs run only on a GPU (bench/generate.py --device cuda)."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import decode
+import engine as engines
+from models import tiny
+from tests.test_engine import STOPS, check_samples, prompts_of
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return tiny.tiny_model_dir()
+
+
+def splitmix64(seed: int, position: int) -> float:
+    """The reference: splitmix64's output for state seed + position * golden ratio, in Python's exact ints."""
+    m = (1 << 64) - 1
+    x = (seed + position * 0x9E3779B97F4A7C15) & m
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+    x ^= x >> 31
+    return (x >> 40) / 2**24
+
+
+def test_uniform_is_splitmix64_with_wrapping_int64():
+    seeds = [0, 1, 7, 2**62 + 12345, 2**63 - 1, 987654321987654321]
+    positions = [0, 1, 5, 1000, 4095, 70000]
+    got = decode.uniform(torch.tensor(seeds), torch.tensor(positions))
+    assert got.tolist() == [splitmix64(s, p) for s, p in zip(seeds, positions)]
+    many = decode.uniform(torch.arange(20000), torch.full((20000,), 3))
+    assert 0 <= many.min() and many.max() < 1 and abs(many.mean().item() - 0.5) < 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_sampler_draws_softmax_over_temperature_and_top_p(dtype):
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0, -30.0]).to(dtype).float()
+    n = 40000
+    u = decode.uniform(torch.arange(n) * 7919, torch.zeros(n, dtype=torch.long))
+    for temperature, top_p in ((1.0, 1.0), (0.7, 1.0), (1.0, 0.8)):
+        tokens, logprobs = decode.sample(logits.expand(n, -1), u, temperature, top_p)
+        want = torch.softmax(logits.double() / temperature, -1)
+        if top_p < 1:  # the nucleus: tokens 0 and 1 (0.61, then 0.84 >= 0.8), renormalised
+            want = torch.where(torch.arange(5) < 2, want, 0.0)
+            want /= want.sum()
+        freq = torch.bincount(tokens, minlength=5).double() / n
+        assert (freq - want).abs().max() < 0.01, (temperature, top_p, freq, want)
+        assert torch.allclose(logprobs.double(), torch.log_softmax(logits.double(), -1)[tokens], atol=1e-6)
+    greedy, _ = decode.sample(logits.expand(3, -1), u[:3], 0.0, 1.0)
+    assert greedy.tolist() == [0, 0, 0]
+
+
+def test_greedy_gives_transformers_tokens_in_float32(model_dir):
+    hf, own = engines.HFEngine(model_dir, "cpu", "float32"), decode.TorchEngine(model_dir, "cpu", "float32")
+    prompts = prompts_of([7, 20, 33, 20, 9, 14, 50, 3])
+    caps = [2, 6, 30, 30, 30, 12, 20, 9]
+    params = engines.Sampling(max_tokens=caps, temperature=0.0, stop_ids=STOPS)
+    a, b = hf.generate(prompts, params), own.generate(prompts, params)
+    assert [s.ids for s in a] == [s.ids for s in b]
+    for s, t in zip(a, b):
+        assert torch.allclose(torch.tensor(s.logprobs), torch.tensor(t.logprobs), atol=1e-5)
+    stopped, capped = check_samples(b, caps, set(STOPS))
+    assert stopped and capped
+
+
+def test_sampled_logprobs_are_the_models_own_in_bfloat16(model_dir):
+    eng = engines.make_engine(model_dir, "torch", dtype="bfloat16")
+    assert isinstance(eng, decode.TorchEngine) and eng.model.dtype == torch.bfloat16
+    prompts = prompts_of([7, 20, 33, 20, 9, 14] * 2)
+    caps = [2, 6, 30, 30, 30, 12] * 2
+    out = eng.generate(prompts, engines.Sampling(max_tokens=caps, seed=1, stop_ids=STOPS))
+    stopped, capped = check_samples(out, caps, set(STOPS))
+    assert stopped and capped
+    for p, s in zip(prompts, out):  # what the trainer recomputes: one forward over prompt + reply
+        with torch.no_grad():
+            ref = torch.log_softmax(eng.model(torch.tensor([p + s.ids])).logits[0, len(p) - 1:-1].float(), -1)
+        assert torch.allclose(ref[torch.arange(len(s.ids)), s.ids], torch.tensor(s.logprobs), atol=0.05)
+
+
+def two_turns(eng, params, seed=0):
+    """A first turn, then a second whose prompts extend the first's with its replies and an observation."""
+    first = prompts_of([40, 75, 33, 64], seed)
+    out = eng.generate(first, params)
+    obs = prompts_of([5, 9, 1, 30], seed + 1)
+    return [p + s.ids + o for p, s, o in zip(first, out, obs)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kv_kept_across_turns_gives_what_a_fresh_prefill_gives(model_dir, dtype):
+    params = engines.Sampling(max_tokens=12, seed=3)
+    eng = decode.TorchEngine(model_dir, "cpu", dtype)
+    second = two_turns(eng, params)
+    before = dict(eng.stats)
+    reused = eng.generate(second, params)
+    prefilled = eng.stats["prefill_tokens"] - before["prefill_tokens"]
+    fresh_eng = decode.TorchEngine(model_dir, "cpu", dtype)
+    fresh = fresh_eng.generate(second, params)
+    assert [s.ids for s in reused] == [s.ids for s in fresh]
+    for s, t in zip(reused, fresh):
+        assert torch.allclose(torch.tensor(s.logprobs), torch.tensor(t.logprobs), atol=1e-5 if dtype == "float32" else 0.02)
+    # only each row's new tokens ran: the first turn's last reply token and the observation, less the
+    # prompt's last token (the first decode step's input)
+    assert prefilled == sum(1 + n for n in (5, 9, 1, 30)) - len(second)
+    assert fresh_eng.stats["prefill_tokens"] == sum(len(p) - 1 for p in second)
+
+
+def test_a_groups_prompt_is_prefilled_once_and_each_sample_seeded_on_its_own(model_dir):
+    eng = decode.TorchEngine(model_dir, "cpu", "float32")
+    a, b = prompts_of([45, 70], 5)
+    prompts = [a] * 4 + [b] * 4
+    out = eng.generate(prompts, engines.Sampling(max_tokens=10, seed=11))
+    assert eng.stats["prefill_tokens"] == len(a) - 1 + len(b) - 1
+    assert len({tuple(s.ids) for s in out[:4]}) > 1  # seeds 11..14: four different samples of one prompt
+    # a request's sample depends on its prompt and seed only, not on its batch or its place in it
+    alone = decode.TorchEngine(model_dir, "cpu", "float32").generate([b, a], engines.Sampling(max_tokens=10, seed=[16, 12]))
+    assert alone[0].ids == out[5].ids and alone[1].ids == out[1].ids
+    assert torch.allclose(torch.tensor(alone[0].logprobs), torch.tensor(out[5].logprobs), atol=1e-5)
+
+
+def test_a_weight_sync_drops_every_cached_row(model_dir):
+    eng = decode.TorchEngine(model_dir, "cpu", "float32")
+    params = engines.Sampling(max_tokens=8, temperature=0.0)
+    second = two_turns(eng, params)
+    assert eng.cache is not None and eng.index
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        model.model.norm.weight *= 10
+        for layer in model.model.layers:
+            layer.self_attn.k_proj.weight.mul_(-2)
+    eng.sync_weights(model.state_dict().items())
+    assert eng.cache is None and not eng.index
+    before = eng.stats["prefill_tokens"]
+    out = eng.generate(second, params)
+    assert eng.stats["prefill_tokens"] - before == sum(len(p) - 1 for p in second)  # nothing reused
+    for p, s in zip(second, out):  # greedy under the new weights
+        with torch.no_grad():
+            ref = torch.log_softmax(model(torch.tensor([p + s.ids])).logits[0, len(p) - 1:-1], -1)
+        assert s.ids == ref.argmax(-1).tolist()
+        assert torch.allclose(ref[torch.arange(len(s.ids)), s.ids], torch.tensor(s.logprobs), atol=1e-5)
+
+
+def test_auto_takes_the_own_loop_on_cuda_without_vllm(monkeypatch):
+    monkeypatch.setattr(engines, "vllm_available", lambda: False)
+    assert engines.engine_kind("auto", "cuda") == "torch" and engines.engine_kind("auto", "cuda:1") == "torch"
+    assert engines.engine_kind("auto", "cpu") == "hf" and engines.engine_kind("hf", "cuda") == "hf"
+    monkeypatch.setattr(engines, "vllm_available", lambda: True)
+    assert engines.engine_kind("auto", "cuda") == "vllm"
+
+
+def test_an_unsupported_model_is_refused_with_the_way_out():
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config
+    assert decode.supports(LlamaConfig()) is None
+    assert "--engine hf" in decode.supports(GPT2Config())
+    assert "sliding" in decode.supports(Qwen2Config(use_sliding_window=True))
+
+
+def test_smollm2_greedy_in_float32_and_sampled_in_bfloat16():
+    """The real model: the same greedy tokens as transformers in float32; bf16 logprobs close to its own."""
+    from models.smollm2 import smollm2_dir
+    from transformers import AutoTokenizer
+
+    path = str(smollm2_dir())
+    tok = AutoTokenizer.from_pretrained(path)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                       tokenize=True, return_dict=True)["input_ids"]
+               for text in ("You are in a room with a red ball. Go to the red ball. What do you do?",
+                            "Name three colours.", "Write the word yes.")]
+    params = engines.Sampling(max_tokens=16, temperature=0.0, stop_ids=engines.stop_ids(path))
+    a = engines.HFEngine(path, "cpu", "float32").generate(prompts, params)
+    b = decode.TorchEngine(path, "cpu", "float32").generate(prompts, params)
+    assert [s.ids for s in a] == [s.ids for s in b]
+    eng = decode.TorchEngine(path, "cpu", "bfloat16")
+    out = eng.generate(prompts, engines.Sampling(max_tokens=16, seed=0, stop_ids=engines.stop_ids(path)))
+    gaps = []
+    for p, s in zip(prompts, out):
+        with torch.no_grad():
+            ref = torch.log_softmax(eng.model(torch.tensor([p + s.ids])).logits[0, len(p) - 1:-1].float(), -1)
+        gaps += (ref[torch.arange(len(s.ids)), s.ids] - torch.tensor(s.logprobs)).abs().tolist()
+    assert sum(gaps) / len(gaps) < 0.05 and max(gaps) < 0.3, gaps
+
+
+def test_train_py_runs_its_steps_and_evaluations_on_the_own_loop(tmp_path):
+    """train.py with --engine torch: rollouts, sleep, weight sync and in-training evaluations through the
+    decode loop, two steps on the tiny model (the wiring, not learning)."""
+    import subprocess
+    import sys
+    from tests.test_train import ROOT, metrics
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "train.py", "--env", "textcraft", "--engine", "torch", "--steps", "2", "--tasks-per-step", "2",
+           "--samples-per-task", "2", "--max-tokens", "8", "--horizon", "2", "--eval-every", "1", "--eval-tasks", "2",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = metrics(out)
+    assert len(rows) == 2 and all("eval/success" in r for r in rows)
+    assert all(r["sampler_gap"] < 1e-3 for r in rows)  # float32: the trainer scores the samples as sampled
