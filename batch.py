@@ -11,13 +11,31 @@ import torch
 import algorithms as A
 
 
-def collate(episodes, pad_id: int, refusal_penalty: float = 0.0) -> dict:
+# --reward: the scalar an episode is trained on. The env's own reward and success are what every log and
+# evaluation records, whatever this is. SciWorld's score is -100 on a wrong `focus on` and 0 for running out
+# of turns, so under "env" a weak policy gains most by never answering (docs/results.md); the others do not
+# reward that.
+REWARDS = {
+    "env": lambda e: e.reward,               # the env's last reward: the paper's and AgentGym's
+    "progress": lambda e: max(e.reward, 0.0),  # a failure counted as 0: the progress figure of SciWorld's tables
+    "best": lambda e: max(e.best, 0.0),      # the best score the episode reached: a failed end does not erase it
+}
+
+
+def training_reward(e, reward: str = "env", success_bonus: float = 0.0, refusal_penalty: float = 0.0) -> float:
+    """An episode's training reward: REWARDS[reward], plus `success_bonus` when it succeeded (finishing then
+    outweighs any partial credit), less `refusal_penalty` per refused turn (a study, config.refusal_penalty)."""
+    return REWARDS[reward](e) + success_bonus * e.success - refusal_penalty * e.refused
+
+
+def collate(episodes, pad_id: int, refusal_penalty: float = 0.0, reward: str = "env",
+            success_bonus: float = 0.0) -> dict:
     """Right-padded (B, L) tensors of whole episodes. mask/sampler_logp are aligned with `ids`: entry t
     belongs to token t (0 on the prompt and padding). Every row attends to at least one token, so a
     row with no tokens cannot produce NaN activations (NaN * 0 is NaN in the weight gradient).
     An episode cut short by a simulator failure keeps its reward in its group's statistics but gets
     an all-zero mask: the crash was not the policy's doing, so none of its tokens are trained.
-    `rewards` are the env's, less `refusal_penalty` per turn the env refused (config.refusal_penalty)."""
+    `rewards` are each episode's `training_reward`."""
     L = max(1, max(len(e.ids) for e in episodes))
     B = len(episodes)
     ids = torch.full((B, L), pad_id, dtype=torch.long)
@@ -32,7 +50,8 @@ def collate(episodes, pad_id: int, refusal_penalty: float = 0.0) -> dict:
             mask[i, p:n] = torch.tensor(e.mask, dtype=torch.float)
         sampler[i, p:n] = torch.tensor(e.logprobs)
     return {"ids": ids, "attn": attn, "mask": mask, "sampler_logp": sampler,
-            "rewards": torch.tensor([e.reward - refusal_penalty * e.refused for e in episodes], dtype=torch.float),
+            "rewards": torch.tensor([training_reward(e, reward, success_bonus, refusal_penalty) for e in episodes],
+                                    dtype=torch.float),
             "groups": torch.tensor([e.group for e in episodes], dtype=torch.long),
             "states": [list(e.states) for e in episodes]}
 
@@ -55,7 +74,14 @@ def micro_batches(rows: list[int], lengths: torch.Tensor, budget: int, shared: d
     return out + ([cur] if cur else [])
 
 
-LOGIT_ELEMENTS = 1 << 24  # tokens x vocabulary of one head slice: 64 MB in float32 (341 tokens at 49k)
+LOGIT_ELEMENTS = 1 << 24       # tokens x vocabulary of one head slice on CPU: 64 MB in float32 (341 tokens at 49k)
+LOGIT_ELEMENTS_CUDA = 1 << 27  # on a GPU: 2,730 tokens at 49k (3.6 GiB at a slice's 28 bytes an element), 8x
+                               # fewer slices: each one is a few kernel launches, and a GPU has the memory
+
+
+def logit_elements(device) -> int:
+    """tokens x vocabulary of one LM-head slice on `device`."""
+    return LOGIT_ELEMENTS_CUDA if torch.device(device).type == "cuda" else LOGIT_ELEMENTS
 
 
 class _Head(torch.autograd.Function):
@@ -137,13 +163,13 @@ def head_logprobs(hidden, weight, targets, temperature: float, entropy: bool = F
     """(N, H) final hidden states, (V, H) LM-head weight, (N,) targets -> (N,) logprobs, (N,) entropy.
 
     Never holds more than one slice of (tokens x vocabulary) logits: slices of `slice_tokens` tokens
-    (default LOGIT_ELEMENTS // V) go through the head one at a time, forward and backward (`_Head`, the
+    (default logit_elements(device) // V) go through the head one at a time, forward and backward (`_Head`, the
     idea of Liger's fused linear cross-entropy and torchtune's chunked output, with plain torch ops).
     A (16k x 49k) float32 logits tensor is 3.2 GB, and the naive path held several per micro-batch.
     The entropy carries a gradient only when `entropy_grad` (an entropy bonus); otherwise it is a
     detached metric from the same slice (zeros when not `entropy`).
     """
-    n = slice_tokens or max(1, LOGIT_ELEMENTS // weight.shape[0])
+    n = slice_tokens or max(1, logit_elements(hidden.device) // weight.shape[0])
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         lp, ent = _Head.apply(hidden, weight, targets, temperature, n, entropy and entropy_grad)
     else:

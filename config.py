@@ -101,6 +101,12 @@ class Config:
     positive_only: bool = doc("keep only the positive part of the advantages: episodes better than their group "
                               "are pushed up, worse ones are not pushed down (a filtered self-imitation of the "
                               "policy's own wins); rows left at 0 are skipped", False)
+    reward: str = doc("what an episode is trained on: env (the env's own last reward, e.g. SciWorld's score / 100 with "
+                      "-1 for a wrong answer: the paper's and AgentGym's), progress (a failure counted as 0: "
+                      "the progress figure of the SciWorld tables), best (the best score the episode reached, a "
+                      "failed end not erasing it); evaluation always records the env's own score and success", "env")
+    success_bonus: float = doc("added to the training reward of a successful episode, so that finishing a task "
+                               "outweighs partial credit (0: off)", 0.0)
     refusal_penalty: float = doc("subtracted from an episode's training reward per turn whose action the env "
                                  "refused (an action not available there, or none; envs that flag it: BabyAI). A "
                                  "departure from env reward alone; on BabyAI 0.05 taught the policy to only turn "
@@ -328,6 +334,8 @@ def check(cfg: Config, world: int) -> str | None:
             task_ids(cfg.tasks_file, cfg.env, options)
         except ValueError as exc:
             return f"--tasks-file {cfg.tasks_file}: {exc}"
+    if cfg.reward not in ("env", "progress", "best"):
+        return f"unknown --reward {cfg.reward!r}; choose env, progress or best"
     if cfg.refusal_penalty and not hasattr(env_class(cfg.env), "refused"):
         return (f"--refusal-penalty needs an env that flags the turns it refused (env.refused, as BabyAI does); "
                 f"{cfg.env} does not, set --refusal-penalty 0")
@@ -337,7 +345,7 @@ def check(cfg: Config, world: int) -> str | None:
             return f"{flag} needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set {flag} 0"
     for name in ("eval_every", "eval_tasks", "eval_turns", "bc_episodes", "train_layers", "env_timeout", "bc_seconds",
                  "rl_seconds",
-                 "min_groups", "refusal_penalty", "bc_anchor", "bc_coef"):
+                 "min_groups", "refusal_penalty", "bc_anchor", "bc_coef", "success_bonus"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}"
     if cfg.min_groups and (cfg.ppo_epochs > 1 or cfg.mini_batches > 1):

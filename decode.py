@@ -34,6 +34,7 @@ sliding windows): `supports` says why another is refused.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -207,7 +208,7 @@ class TorchEngine:
         b, s, _ = h.shape
         visible = torch.arange(width, device=h.device)[None, None, :] <= pos[:, :, None]       # (b, s, W)
         c, n = cos[pos][:, :, None], sin[pos][:, :, None]                                       # (b, s, 1, D)
-        at = torch.arange(b, device=h.device)[:, None]
+        where = pos[:, None, :, None].expand(b, self.kv_heads, s, self.head_dim)                # KV slots written
         for layer, keys, values in zip(self.decoder.layers, cache.keys, cache.values):
             a = layer.self_attn
             x = layer.input_layernorm(h)
@@ -218,8 +219,9 @@ class TorchEngine:
                 q, k = a.q_norm(q), a.k_norm(k)
             q, k = q * c + _rotate_half(q) * n, k * c + _rotate_half(k) * n
             keys, values = keys[rows], values[rows]                                            # views
-            keys[at, :, pos] = k                                                                 # (b, s, Hkv, D)
-            values[at, :, pos] = v
+            # scatter_, not index_put_: a plain kernel, safe inside a CUDA graph (duplicate padding slots are harmless)
+            keys.scatter_(2, where, k.transpose(1, 2))                                           # (b, Hkv, s, D)
+            values.scatter_(2, where, v.transpose(1, 2))
             h = h + a.o_proj(attend(q, keys, values, visible, self.scale))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return h
@@ -334,10 +336,17 @@ class TorchEngine:
             count.add_(live.long())
             done.copy_(done | (live & ((token[:, None] == stops).any(-1) | (count >= cap))))
 
-        graph, t = None, 0
+        graph, t, timed_from = None, 0, None
         while t < steps:
-            if graph is None and self.graphs and t == 2:  # two eager steps warm up (cuBLAS workspaces)
-                graph = self._capture(step)
+            if t == 2:  # two eager steps warm up (cuBLAS workspaces); then the graph, or more eager steps
+                if self.graphs:
+                    try:
+                        graph = self._capture(step)
+                    except RuntimeError as exc:  # never lose a run to it: eager steps give the same tokens, slower
+                        print(f"warning: decode.py could not capture its step as a CUDA graph ({str(exc)[:160]}); "
+                              "decoding eagerly", flush=True)
+                        self.graphs = False
+                timed_from = self._clock()
             if graph is not None:
                 graph.replay()
             else:
@@ -345,9 +354,17 @@ class TorchEngine:
             t += 1
             if t % CHECK_EVERY == 0 and bool(done.all()):
                 break
+        if timed_from is not None:  # steady-state steps (bench/generate.py reads these)
+            self.stats["steady_s"] = self.stats.get("steady_s", 0.0) + self._clock() - timed_from
+            self.stats["steady_steps"] = self.stats.get("steady_steps", 0) + t - 2
         self.stats["decode_steps"] += t
         ids, lps, counts = out_ids.tolist(), out_lp.tolist(), count.tolist()
         return [Sample(ids[r][:counts[r]], lps[r][:counts[r]]) for r in range(R)]
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def _capture(self, step):
         """The decode step as a CUDA graph: its kernels recorded once and replayed with one launch."""

@@ -107,6 +107,7 @@ class Episode:
     mask: list[int] = field(default_factory=list)         # over ids[prompt_len:]: 1 on sampled tokens
     logprobs: list[float] = field(default_factory=list)   # over ids[prompt_len:]: sampler logprob, 0 elsewhere
     reward: float = 0.0         # last env reward, scaled to [-1, 1]
+    best: float = 0.0           # the highest reward after any turn (a running score's best; batch.REWARDS "best")
     success: bool = False
     turns: int = 0
     refused: int = 0            # turns whose action the env did not carry out (its `refused` flag)
@@ -247,6 +248,7 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
                 envs[i] = replace_env(env, make_env, hung=err.startswith("TimeoutError"))
                 continue
             obs, ep.reward, done = result
+            ep.best = max(ep.best, ep.reward)
             ep.success = bool(getattr(env, "success", False))
             ep.refused += bool(getattr(env, "refused", False))
             if done:

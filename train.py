@@ -235,7 +235,7 @@ def train_step(run: Run, step: int, first: dict) -> bool:
                            run.play(horizon, seed=(cfg.seed * 7919 + step) * 131), run.threads, run.rank * run.per_rank)
     run.engine.sleep()
     timing.update({f"time/{k}": v for k, v in rt.items()})
-    batch = collate(episodes, run.tokenizer.pad_token_id or 0, cfg.refusal_penalty)
+    batch = collate(episodes, run.tokenizer.pad_token_id or 0, cfg.refusal_penalty, cfg.reward, cfg.success_bonus)
 
     # (2) logprobs before the update: the "old" policy, the reference, the critic's values
     t = time.perf_counter()

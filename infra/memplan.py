@@ -28,7 +28,7 @@ The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
                                   the fp32 gradients accumulated between a mini-batch's reductions
   reference model          4P/W sharded (train.main reshards the frozen reference after scoring)
   critic                   the policy's first five rows again (PPO only; its head is one output)
-  LM-head slice            28 x n x V bytes, n = min(T, LOGIT_ELEMENTS // V) (batch.py): logits in c
+  LM-head slice            28 x n x V bytes, n = min(T, logit_elements // V) (batch.py): logits in c
                                   and fp32, logsumexp and softmax temporaries and their gradients
                                   (measured 29 bytes per slice element in bf16, 26 in fp32)
   activations              checkpointing: L x T x H x c (each block's input) + 2 x T x A (the block
@@ -58,7 +58,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from batch import LOGIT_ELEMENTS
+from batch import logit_elements
 
 GB, MB = 2**30, 2**20
 SLICE_BYTES = 28      # bytes per element of one LM-head slice at its peak (see the docstring)
@@ -162,7 +162,7 @@ def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl:
     c = 2 if dtype == "bfloat16" else 4
     P, W, T = s.params, world, tokens
     A = c * (8 * s.H + 3 * s.kv + 5 * s.I) + 16 * s.H           # activation bytes of one block, per token
-    n = min(T, max(1, LOGIT_ELEMENTS // s.V))
+    n = min(T, max(1, logit_elements(device) // s.V))
     acts = (s.L * T * s.H * c + 2 * T * A) if checkpointing else (s.L * T * A + T * A)
     state = {
         "sharded fp32 parameters (masters)": 4 * P / W,

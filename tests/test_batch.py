@@ -235,3 +235,17 @@ def test_an_update_with_only_constant_groups_leaves_weights_and_adam_state_uncha
         stats = train.update(cfg, {"policy": model}, {"policy": opt}, {"policy": sched}, batch, None, None, None,
                              informative, informative, *args)
         assert stats["idle_steps"] == 0 and opt.state[next(iter(model.parameters()))]["step"].item() == 2
+
+
+def test_each_training_reward_and_the_success_bonus():
+    """SciWorld's three endings: a wrong answer after some progress (-1, best 0.4), turns run out at 0.3 after
+    reaching 0.5 (a score can fall), a success. The env's own reward is what evaluation records."""
+    from rollout import Episode
+    eps = [Episode(0, 0, [1, 2], 1, [1], [0.0], reward=r, best=b, success=s)
+           for r, b, s in ((-1.0, 0.4, False), (0.3, 0.5, False), (1.0, 1.0, True))]
+    want = {"env": [-1.0, 0.3, 1.0], "progress": [0.0, 0.3, 1.0], "best": [0.4, 0.5, 1.0]}
+    for kind, rewards in want.items():
+        for bonus in (0.0, 1.0):
+            got = B.collate(eps, 0, reward=kind, success_bonus=bonus)["rewards"].tolist()
+            assert got == pytest.approx([r + bonus * (i == 2) for i, r in enumerate(rewards)]), (kind, bonus)
+    assert [e.reward for e in eps] == [-1.0, 0.3, 1.0]  # untouched

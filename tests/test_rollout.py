@@ -36,7 +36,7 @@ def tokenizer_for(model_dir, template):
     return tok
 
 
-@pytest.fixture(scope="module", params=["hf", "vllm"])
+@pytest.fixture(scope="module", params=["hf", "vllm", "torch"])
 def engine(request, model_dir):
     if request.param == "vllm" and not engines.vllm_available():
         pytest.skip("vLLM is not installed")
@@ -177,6 +177,25 @@ def test_refused_turns_are_counted_as_the_env_flags_them(engine, model_dir):
         assert ep.turns == 3 and ep.refused == 3
         record = {"subtask": "s", "messages": ep.messages + [{"role": "user", "content": "Choose one of the available actions."}]}
         assert refused_turns([record], "babyai") == {"s": {"observed": 3, "refused": ep.refused}}
+
+
+class Scored:
+    """A running score that rises, then fails: 0.2, 0.6, then -1 (SciWorld's wrong answer) and done."""
+    instruction = "Say anything."
+
+    def reset(self, task_id):
+        self.turn = 0
+        return "go"
+
+    def step(self, text):
+        self.turn += 1
+        return "ok", (0.2, 0.6, -1.0)[self.turn - 1], self.turn == 3
+
+
+def test_the_best_reward_of_an_episode_is_kept_beside_its_last(engine, model_dir):
+    chat = ChatFormat(tokenizer_for(model_dir, "tiny"))
+    eps, _ = rollout(engine, chat, [Scored()], Scored, [(0, 0)], Play(5, max_tokens=4, seed=1))
+    assert eps[0].turns == 3 and eps[0].reward == -1.0 and eps[0].best == 0.6 and eps[0].end == "done"
 
 
 def test_env_that_raises_is_flagged_and_replaced(engine, model_dir):
