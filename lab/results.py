@@ -23,7 +23,8 @@ import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from lab.stats import clustered_se, k_values, naive_se, paired, paired_table, pairs, stats, summarize, task_means
+from lab.stats import (clustered_se, k_values, naive_se, paired, paired_cells, paired_columns, paired_table, pairs,
+                       progress, score_stats, scored, stats, summarize, task_means)
 
 RUN_FILES = ("config.json", "metrics.jsonl", "evals.jsonl", "provenance.jsonl", "warmstart.jsonl")
 OUTCOME_KEYS = ("task_id", "subtask", "sample", "budget", "reward", "success", "turns", "end")
@@ -236,27 +237,61 @@ def render(dest: Path, resamples: int = 10_000, seed: int = 0) -> str:
         differ = [k for k in decoding[1:] if len({_canonical(k, settings[label].get(k)) for label, _ in runs}) > 1]
         if differ:
             lines.append(f"- NOTE: the evaluations differ in {', '.join(differ)}: not the same decoding")
+        lines += elsewhere(dest, manifest["evals"], settings)
         ks = sorted({j for _, recs in runs for j in k_values(min(len(g) for g in pairs(recs).values()))})
-        head = ["evaluation", "turns", "tasks", "episodes", "success %", "SE (tasks)", "SE (naive)", "Avg reward",
-                *[f"Pass@{j} %" for j in ks]]
+        score = scored([r for _, recs in runs for r in recs])
+        figures = ["progress", "mean score (paper)"] if score else ["Avg reward"]
+        head = ["evaluation", "turns", "tasks", "episodes", "success %", "SE (tasks)", "SE (naive)", *figures,
+                *[f"Pass@{j} %" for j in ks], *([f"Pass@{j}, score > 0 %" for j in ks] if score else [])]
         lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for label, recs in runs:
             for budget in sorted({r["budget"] for r in recs}):
                 rs = [r for r in recs if r["budget"] == budget]
                 kmin = min(len(g) for g in pairs(rs).values())
                 row = stats(rs, [j for j in ks if j <= kmin])
+                more = score_stats(rs, [j for j in ks if j <= kmin]) if score else {}
                 se = clustered_se(list(task_means(rs).values()))
                 cells = [label, budget, row["tasks"], row["episodes"], f"{100 * row['success']:.1f}",
                          f"{100 * se:.1f}", f"{100 * naive_se(row['success'], row['episodes']):.1f}",
-                         f"{row['avg_reward']:.3f}",
-                         *[f"{100 * row[f'pass@{j}']:.1f}" if f"pass@{j}" in row else "" for j in ks]]
+                         *([f"{more['progress']:.3f}"] if score else []), f"{row['avg_reward']:.3f}",
+                         *[f"{100 * row[f'pass@{j}']:.1f}" if f"pass@{j}" in row else "" for j in ks],
+                         *[f"{100 * more[f'pass@{j} score>0']:.1f}" if f"pass@{j} score>0" in more else ""
+                           for j in (ks if score else [])]]
                 lines.append("| " + " | ".join(map(str, cells)) + " |")
+        if score:
+            lines += ["", "Success: a score of 100. Progress: the score with a failure counted as 0 (the mean of "
+                      "max(reward, 0)). Mean score (paper): the mean reward, a failure -1. Pass@k %: some of k "
+                      "samples succeeded; Pass@k, score > 0 (AgentGym-RL's): some of k samples scored above 0."]
         lines += paired_table(runs, resamples, seed)
         if manifest.get("by_subtask"):
             lines += subtask_table(runs, resamples, seed)
         lines += actions_table([(e["label"], dest / e["dir"] / "actions.json") for e in manifest["evals"]])
     lines += validation_curve(dest / "run")
     return "\n".join(lines) + "\n"
+
+
+def elsewhere(dest: Path, evals: list[dict], settings: dict[str, dict]) -> list[str]:
+    """A note for each evaluation made on another machine than the folder's training run (its provenance
+    names another CPU), saying what its files show. run.sh evaluates the untrained model once, in seed 0's
+    result folder; a later seed's folder holds that evaluation again (`lab.report --unpack`)."""
+    run = _jsonl(dest / "run" / "provenance.jsonl")
+    if not run:
+        return []
+    base = json.loads((dest / "run" / "config.json").read_text()).get("model")
+    lines = []
+    for e in evals:
+        prov = _jsonl(dest / e["dir"] / "provenance.jsonl")
+        if not prov or prov[-1]["cpu"] == run[-1]["cpu"]:
+            continue
+        mine, others = settings[e["label"]], [settings[o["label"]] for o in evals if o is not e]
+        lacks = "".join(f"; its config.json has no {k} (the others: "  # a setting added after it was made
+                        f"{', '.join(sorted({str(s[k]) for s in others if k in s}))})"
+                        for k in sorted({k for s in others for k in s} - set(mine)))
+        reused = (" run.sh evaluates the untrained model once, in seed 0's result folder, and a later seed takes "
+                  "that evaluation back out of it (`python -m lab.report --unpack`)." if mine.get("model") == base else "")
+        lines.append(f"- NOTE: {e['label']} was evaluated on another machine than this training run: CPU "
+                     f"{prov[-1]['cpu']} (run/provenance.jsonl: {run[-1]['cpu']}), into `{mine.get('out')}`{lacks}.{reused}")
+    return lines
 
 
 def control_line(folder: Path) -> str:
@@ -277,17 +312,15 @@ def control_line(folder: Path) -> str:
 def subtask_table(runs: list[tuple[str, list[dict]]], resamples: int = 10_000, seed: int = 0) -> list[str]:
     """The paired differences within each subtask (task type): the same bootstrap over that subtask's tasks
     (none when there is only one evaluation)."""
+    heads, keys = paired_columns(scored([r for _, recs in runs for r in recs]))  # the whole folder's reward
     lines = []
     for sub in sorted({r["subtask"] for _, recs in runs for r in recs}):
         for d in paired([(label, [r for r in recs if r["subtask"] == sub]) for label, recs in runs], resamples, seed):
             if "skipped" not in d:
-                s, r = d["success"], d["reward"]
-                lines.append(f"| {sub} | {d['budget']} | {d['after']} | {d['before']} | {s['tasks']} | "
-                             f"{100 * s['diff']:+.1f} [{100 * s['lo']:+.1f}, {100 * s['hi']:+.1f}] | "
-                             f"{r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] |")
+                lines.append(f"| {sub} | {d['budget']} | {d['after']} | {d['before']} | {d['success']['tasks']} | "
+                             + " | ".join(paired_cells(d, keys)) + " |")
     head = ["", "## Paired differences per subtask (the same bootstrap, over that subtask's tasks)", "",
-            "| subtask | turns | after | before | tasks | success, points [95% interval] | Avg reward [95% interval] |",
-            "|---|---|---|---|---|---|---|"]
+            "| subtask | turns | after | before | tasks | " + " | ".join(heads) + " |", "|" + "---|" * (5 + len(heads))]
     return head + lines if lines else []
 
 
@@ -341,17 +374,20 @@ def validation_curve(run: Path) -> list[str]:
     points = defaultdict(dict)
     for r in rows:  # the last outcome of a task at an evaluation point wins (a resumed run re-evaluates)
         points[(r["step"], r["eval"])][r["task_id"]] = r
+    score = scored(rows)
+    figures = "progress | mean score (paper)" if score else "Avg reward"
     lines = ["", "## Validation curve (in-training evaluation on the validation split, run/evals.jsonl)", "",
-             "| steps trained | tasks | success % | SE (tasks) | Avg reward | equals metrics.jsonl |",
-             "|---|---|---|---|---|---|"]
+             f"| steps trained | tasks | success % | SE (tasks) | {figures} | equals metrics.jsonl |",
+             "|---|---|---|---|---|---|" + ("---|" if score else "")]
     trained = lambda key: key[0] + (key[1] != "eval_start")  # noqa: E731  eval_start: before step's update
     for (step, name), by_task in sorted(points.items(), key=lambda kv: trained(kv[0])):
         ok = [float(r["success"]) for r in by_task.values()]
         success, reward = sum(ok) / len(ok), sum(r["reward"] for r in by_task.values()) / len(ok)
         logged = metrics.get(step, {}).get(f"{name}/success")
         same = "no row" if logged is None else "yes" if abs(logged - success) < 1e-5 else f"NO ({100 * logged:.1f})"
+        shown = (f"{sum(map(progress, by_task.values())) / len(ok):.3f} | " if score else "") + f"{reward:.3f}"
         lines.append(f"| {trained((step, name))} | {len(ok)} | {100 * success:.1f} | {100 * clustered_se(ok):.1f} "
-                     f"| {reward:.3f} | {same} |")
+                     f"| {shown} | {same} |")
     return lines
 
 
@@ -359,21 +395,27 @@ def seeds_table(dests: list[Path], resamples: int = 10_000, seed: int = 0) -> st
     """Several result folders of one recipe, one per training seed, evaluated alike: every paired
     difference (later minus earlier evaluation, same labels in each folder) per seed with its task-level
     interval, whether that interval lies above 0, and the mean over seeds of the point differences; in
-    success points, and in mean reward too where the reward is more than success (SciWorld's score).
-    Then each seed's RL run: steps, seconds, the share of constant groups, the CPU."""
-    per_seed, dense = [], False
+    success points, and in mean reward too where the reward is more than success; for a `scored` reward
+    (SciWorld's) in success, progress and the paper's mean score. Then each seed's RL run: steps,
+    seconds, the share of constant groups, the CPU."""
+    per_seed, dense, score = [], False, False
     for dest in dests:
         manifest = json.loads((dest / "manifest.json").read_text())
         runs = [(e["label"], _jsonl(dest / e["dir"] / "outcomes.jsonl")) for e in manifest["evals"]]
         dense |= any(r["reward"] != float(r["success"]) for _, recs in runs for r in recs)
+        score |= scored([r for _, recs in runs for r in recs])
         per_seed.append({(d["after"], d["before"], d["budget"]): d for d in paired(runs, resamples, seed)})
     keys = [k for k in per_seed[0] if all(k in s and "success" in s[k] for s in per_seed)]
     names = [d.name for d in dests]
     lines = [f"# {len(dests)} seeds: {', '.join(names)}", "",
              f"Generated by `python -m lab.report {' '.join(f'results/{n}' for n in names)}`. Later minus earlier "
              f"evaluation on the same tasks [task-level bootstrap 95% interval, {resamples:,} resamples]."]
-    for metric, scale, digits in [("success", 100, 1), *([("reward", 1, 3)] if dense else [])]:
-        title = "Success, points" if metric == "success" else "Mean reward (the env's own: a score where it has one)"
+    titles = {"success": "Success, points", "progress": "Progress (the score with a failure counted as 0)",
+              "reward": "Mean score (paper: the mean reward, a failure -1)" if score
+              else "Mean reward (the env's own: a score where it has one)"}
+    metrics = [("success", 100, 1), *([("progress", 1, 3)] if score else []), *([("reward", 1, 3)] if dense else [])]
+    for metric, scale, digits in metrics:
+        title = titles[metric]
         lines += ["", f"## {title}", "",
                   "| turns | after | before | " + " | ".join(names) + " | intervals above 0 | mean over seeds |",
                   "|" + "---|" * (len(names) + 5)]

@@ -6,7 +6,9 @@ tables regenerated from their files are in lab/results.py; lab/report.py is the 
 
 Pure functions of episode records, dicts with task_id, subtask, budget, reward, success, turns, end;
 evaluate.py produces them and calls these. docs/evaluation.md says why the intervals are paired and
-over tasks. Tests: python -m pytest tests/test_evaluate.py tests/test_report.py
+over tasks. Where the reward is a score with partial credit and a failure below 0 (SciWorld's), the
+tables give progress (a failure counted as 0) and Pass@k of a score above 0 (AgentGym-RL's) beside the
+paper's mean score: `scored`. Tests: python -m pytest tests/test_evaluate.py tests/test_report.py
 """
 from __future__ import annotations
 
@@ -47,6 +49,37 @@ def stats(records: list[dict], ks: list[int]) -> dict:
         row[f"pass@{j}"] = mean([pass_at_k(len(rs), sum(bool(r["success"]) for r in rs), j) for rs in by_task.values()])
     ends = Counter(r["end"] for r in records)  # why episodes stopped: done, horizon, context, env_error
     row["ends"] = {e: n / len(records) for e, n in sorted(ends.items())}
+    return row
+
+
+def progress(r: dict) -> float:
+    """The env's score with a failure counted as 0, max(reward, 0): how far the episode got. SciWorld's
+    -1 (a wrong `focus on` ends the task) is a failure, not less progress than none."""
+    return max(float(r["reward"]), 0.0)
+
+
+def scored(records: list[dict]) -> bool:
+    """Whether the reward is a score with partial credit and a failure below 0, as SciWorld's (score / 100,
+    -1 for a wrong `focus on`, 0 for running out of turns): some episode scored below 0 and some episode
+    that did not succeed scored above 0. There the paper's mean score pays a policy for never answering,
+    so the tables set success and progress beside it (docs/results.md, SciWorld). BabyAI (no reward below
+    0) and MiniWoB++ (-1 or a success) are not: their tables keep their columns."""
+    return (any(r["reward"] < 0 for r in records)
+            and any(r["reward"] > 0 and not r["success"] for r in records))
+
+
+def score_stats(records: list[dict], ks: list[int]) -> dict:
+    """Beside `stats`'s row, for a `scored` reward: progress (mean of max(reward, 0)) and AgentGym-RL's
+    Pass@k, some of k samples scored above 0 (`stats`'s Pass@k: some of k samples succeeded); every task
+    weighs the same."""
+    by_task = defaultdict(list)
+    for r in records:
+        by_task[r["task_id"]].append(r)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    row = {"progress": mean([mean([progress(r) for r in rs]) for rs in by_task.values()])}
+    for j in ks:
+        row[f"pass@{j} score>0"] = mean([pass_at_k(len(rs), sum(r["reward"] > 0 for r in rs), j)
+                                         for rs in by_task.values()])
     return row
 
 
@@ -167,11 +200,13 @@ def as_f64(values):
     return out
 
 
-def task_means(records: list[dict], key: str = "success") -> dict:
-    """{task_id: mean of `key` over the task's samples} for records of one turn budget."""
+def task_means(records: list[dict], key="success") -> dict:
+    """{task_id: mean of `key` over the task's samples} for records of one turn budget; `key` is a field
+    or a function of a record (`progress`)."""
+    value = key if callable(key) else lambda r: float(r[key])
     by_task = defaultdict(list)
     for r in records:
-        by_task[r["task_id"]].append(float(r[key]))
+        by_task[r["task_id"]].append(value(r))
     return {t: sum(v) / len(v) for t, v in sorted(by_task.items())}
 
 
@@ -212,8 +247,8 @@ def paired_bootstrap(before, after, resamples: int = 10_000, seed: int = 0, leve
 
 def paired(runs: list[tuple[str, list[dict]]], resamples: int = 10_000, seed: int = 0) -> list[dict]:
     """For each pair of evaluations (in the given order) and each turn budget both played on exactly
-    the same tasks: the paired bootstrap of success and of Avg reward (later minus earlier). Pairs on
-    different task sets are listed with `skipped` and no numbers."""
+    the same tasks: the paired bootstrap of success, of progress and of Avg reward (later minus earlier).
+    Pairs on different task sets are listed with `skipped` and no numbers."""
     out = []
     for i, (label_a, recs_a) in enumerate(runs):
         for label_b, recs_b in runs[i + 1:]:
@@ -227,10 +262,27 @@ def paired(runs: list[tuple[str, list[dict]]], resamples: int = 10_000, seed: in
                     row["skipped"] = f"not the same tasks ({len(sa)} and {len(sb)}, {len(set(sa) & set(sb))} shared)"
                 else:
                     row["success"] = paired_bootstrap(list(sa.values()), list(sb.values()), resamples, seed)
+                    row["progress"] = paired_bootstrap(list(task_means(ra, progress).values()),
+                                                       list(task_means(rb, progress).values()), resamples, seed)
                     row["reward"] = paired_bootstrap(list(task_means(ra, "reward").values()),
                                                      list(task_means(rb, "reward").values()), resamples, seed)
                 out.append(row)
     return out
+
+
+def paired_columns(score: bool) -> tuple[list[str], list[str]]:
+    """The headers and `paired` keys of a paired table's figures: success and Avg reward; for a `scored`
+    reward success, progress and the paper's mean score."""
+    if score:
+        return (["success, points [95% interval]", "progress [95% interval]", "mean score (paper) [95% interval]"],
+                ["success", "progress", "reward"])
+    return ["success, points [95% interval]", "Avg reward [95% interval]"], ["success", "reward"]
+
+
+def paired_cells(d: dict, keys: list[str]) -> list[str]:
+    """A `paired` row's figures with their intervals: success in points, the others as the reward is."""
+    return [f"{100 * c['diff']:+.1f} [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]" if key == "success"
+            else f"{c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]" for key in keys for c in [d[key]]]
 
 
 def paired_table(runs: list[tuple[str, list[dict]]], resamples: int = 10_000, seed: int = 0) -> list[str]:
@@ -238,18 +290,16 @@ def paired_table(runs: list[tuple[str, list[dict]]], resamples: int = 10_000, se
     diffs = paired(runs, resamples, seed)
     if not diffs:
         return []
+    heads, keys = paired_columns(scored([r for _, recs in runs for r in recs]))
     lines = ["", f"## Paired differences (later minus earlier, same tasks; task-level bootstrap 95% interval, "
              f"{resamples:,} resamples, seed {seed})", "",
-             "| turns | after | before | tasks | success, points [95% interval] | Avg reward [95% interval] |",
-             "|---|---|---|---|---|---|"]
+             "| turns | after | before | tasks | " + " | ".join(heads) + " |", "|" + "---|" * (4 + len(heads))]
     for d in diffs:
         if "skipped" in d:
-            lines.append(f"| {d['budget']} | {d['after']} | {d['before']} | | {d['skipped']} | |")
+            lines.append(f"| {d['budget']} | {d['after']} | {d['before']} | | {d['skipped']} |" + " |" * (len(heads) - 1))
             continue
-        s, r = d["success"], d["reward"]
-        lines.append(f"| {d['budget']} | {d['after']} | {d['before']} | {s['tasks']} | {100 * s['diff']:+.1f} "
-                     f"[{100 * s['lo']:+.1f}, {100 * s['hi']:+.1f}] "
-                     f"| {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] |")
+        lines.append(f"| {d['budget']} | {d['after']} | {d['before']} | {d['success']['tasks']} | "
+                     + " | ".join(paired_cells(d, keys)) + " |")
     return lines
 
 

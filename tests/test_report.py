@@ -93,6 +93,86 @@ def test_paired_evaluations_on_the_same_tasks_only():
     assert "| 10 | b | a | 3 | +33.3 [+0.0, +50.0] | +0.333 [+0.000, +0.500] |" in lines
 
 
+# SciWorld-like outcomes, 3 tasks x 2 samples: a score with partial credit, -1 for a failure, 1 a success
+SCORED = {"before": [(1, -1.0, False), (1, 0.5, False), (2, 1.0, True), (2, 0.0, False), (3, -1.0, False), (3, -1.0, False)],
+          "after": [(1, 0.25, False), (1, 0.25, False), (2, 0.0, False), (2, 0.5, False), (3, 0.0, False), (3, 1.0, True)]}
+
+
+def _folder(dest: Path, outcomes: dict, cpus: dict | None = None) -> Path:
+    """A result folder written by hand: manifest.json, and per evaluation config.json and outcomes.jsonl
+    (provenance.jsonl and a run/ too when `cpus` names each one's machine)."""
+    evals = []
+    for label, rows in outcomes.items():
+        (dest / "evals" / label).mkdir(parents=True)
+        (dest / "evals" / label / "config.json").write_text(json.dumps({"model": f"m-{label}", "k": 2, "out": f"runs/{label}"}))
+        (dest / "evals" / label / "outcomes.jsonl").write_text("".join(json.dumps(
+            {"task_id": t, "subtask": "x", "sample": i % 2, "budget": 16, "reward": r, "success": s, "turns": 3, "end": "done"})
+            + "\n" for i, (t, r, s) in enumerate(rows)))
+        evals.append({"label": label, "dir": f"evals/{label}"})
+        if cpus:
+            (dest / "evals" / label / "provenance.jsonl").write_text(json.dumps(
+                {"commit": "c", "dirty": False, "cpu": cpus[label], "time": "t"}) + "\n")
+    if cpus:
+        (dest / "run").mkdir()
+        (dest / "run" / "config.json").write_text(json.dumps({"env": "e", "model": "m-before", "algo": "grpo", "steps": 1}))
+        (dest / "run" / "provenance.jsonl").write_text(json.dumps({"commit": "c", "dirty": False, "cpu": cpus["run"]}) + "\n")
+    (dest / "manifest.json").write_text(json.dumps({"evals": evals, "by_subtask": True}))
+    return dest
+
+
+def test_a_score_with_a_failure_gets_progress_and_score_pass_at_k(tmp_path):
+    """Where a failure scores below 0 and partial credit above it (SciWorld), every table sets success,
+    progress (a failure counted as 0) and the paper's mean score side by side, with both Pass@k; where no
+    reward is below 0 the tables keep success and Avg reward only."""
+    # by hand, per task (1, 2, 3), before: progress .25, .5, 0 (mean .250); mean score -.25, .5, -1 (-.250);
+    # success 0, .5, 0 (16.7%); a sample above 0: 1 of 2, 1 of 2, 0 of 2 -> Pass@1 score>0 (1/2 + 1/2 + 0) / 3
+    # = 33.3%, Pass@2 score>0 (1 + 1 + 0) / 3 = 66.7%; Pass@1 = 16.7%, Pass@2 (a success among 2) 33.3%.
+    # after: progress .25, .25, .5 (.333), no reward below 0 so mean score .333 too; success 0, 0, .5 (16.7%);
+    # Pass@1 score>0 (1 + 1/2 + 1/2) / 3 = 66.7%, Pass@2 score>0 100.0%; Pass@1 16.7%, Pass@2 33.3%.
+    md = RS.render(_folder(tmp_path / "sci", SCORED))
+    assert ("| evaluation | turns | tasks | episodes | success % | SE (tasks) | SE (naive) | progress | mean score (paper) "
+            "| Pass@1 % | Pass@2 % | Pass@1, score > 0 % | Pass@2, score > 0 % |") in md
+    assert "| before | 16 | 3 | 6 | 16.7 |" in md and "| 0.250 | -0.250 | 16.7 | 33.3 | 33.3 | 66.7 |" in md
+    assert "| after | 16 | 3 | 6 | 16.7 |" in md and "| 0.333 | 0.333 | 16.7 | 33.3 | 66.7 | 100.0 |" in md
+    # paired, after - before per task: success 0, -.5, +.5 (mean 0); progress 0, -.25, +.5 (+.083); mean score
+    # .25 - (-.25) = +.5, .25 - .5 = -.25, .5 - (-1) = +1.5 (+.583). With 3 tasks each extreme (all three draws of
+    # one task, 1/27 = 3.7% > 2.5%) is an end of the interval.
+    row = "| 16 | after | before | 3 | +0.0 [-50.0, +50.0] | +0.083 [-0.250, +0.500] | +0.583 [-0.250, +1.500] |"
+    assert ("| turns | after | before | tasks | success, points [95% interval] | progress [95% interval] | "
+            "mean score (paper) [95% interval] |") in md and row in md
+    assert "| x " + row in md  # the one subtask: the same figures
+    recs = {label: [json.loads(line) for line in (tmp_path / "sci" / "evals" / label / "outcomes.jsonl").read_text().splitlines()]
+            for label in SCORED}
+    assert R.scored(recs["before"] + recs["after"]) and not R.scored(recs["after"])  # after alone: nothing below 0
+    assert R.progress({"reward": -1.0}) == 0.0 and R.progress({"reward": 0.25}) == 0.25
+    # the seeds side by side: success, progress and the paper's mean score, each seed's interval
+    seeds = RS.seeds_table([tmp_path / "sci", _folder(tmp_path / "sci2", SCORED)])
+    assert "## Progress" in seeds and "## Mean score (paper" in seeds
+    assert "| 16 | after | before | +0.083 [-0.250, +0.500] | +0.083 [-0.250, +0.500] | 0 of 2 | +0.083 |" in seeds
+    # no reward below 0 (BabyAI's kind, partial credit and all): success and Avg reward only, as before
+    plain = {label: [(t, max(r, 0.0), s) for t, r, s in rows] for label, rows in SCORED.items()}
+    md = RS.render(_folder(tmp_path / "plain", plain))
+    assert "| success % | SE (tasks) | SE (naive) | Avg reward | Pass@1 % | Pass@2 % |\n" in md
+    assert "progress" not in md and "score > 0" not in md and "mean score" not in md
+    assert "| 16 | after | before | 3 | +0.0 [-50.0, +50.0] | +0.083 [-0.250, +0.500] |\n" in md  # Avg reward = progress
+    seeds = RS.seeds_table([tmp_path / "plain", _folder(tmp_path / "plain2", plain)])
+    assert "## Progress" not in seeds and "## Mean reward (the env's own" in seeds
+    # -1 or a success (MiniWoB++'s kind): no partial credit, so nothing to add either
+    assert not R.scored([{"reward": -1.0, "success": False}, {"reward": 1.0, "success": True}])
+
+
+def test_an_evaluation_from_another_machine_says_so(tmp_path):
+    """run.sh reuses seed 0's untrained evaluation in later seeds: its provenance names another CPU than
+    the folder's training run, and the evaluations' list says so."""
+    md = RS.render(_folder(tmp_path / "f", SCORED, cpus={"before": "Intel", "after": "AMD", "run": "AMD"}))
+    (note,) = [line for line in md.splitlines() if line.startswith("- NOTE")]
+    assert note.startswith("- NOTE: before was evaluated on another machine than this training run: CPU Intel "
+                           "(run/provenance.jsonl: AMD), into `runs/before`.")
+    assert "run.sh evaluates the untrained model once" in note  # `before` is the run's starting model
+    md = RS.render(_folder(tmp_path / "g", SCORED, cpus={"before": "AMD", "after": "AMD", "run": "AMD"}))
+    assert "- NOTE" not in md
+
+
 def test_trim_keeps_head_and_tail():
     msgs = [{"role": "user", "content": "x" * 2000}] + [{"role": "assistant", "content": str(i)} for i in range(30)]
     cut = RS.trim(msgs, chars=100, head=3, tail=5)
