@@ -41,12 +41,35 @@ Tests: python -m pytest tests/test_algorithms.py tests/test_losses.py
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 import gigpo
 
 ESTIMATORS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "gae", "gigpo")
+
+
+@dataclass(frozen=True)
+class Algo:
+    """What one --algo means to the trainer, read wherever the choice matters (never its name tested)."""
+    name: str
+    estimator: str   # the `advantages` estimator it runs
+    critic: bool     # a learned value model (PPO's GAE needs one)
+    kl: str          # where the KL to the reference goes when --kl-coef > 0: "loss" (a loss term) or "reward"
+    grouped: bool    # its baseline compares the samples of one task: it needs 2 or more a task
+    states: bool     # it needs each turn's state key (GiGPO's step groups): the rollout records them only then
+
+
+ALGOS = {a.name: a for a in (
+    Algo("grpo", "grpo", critic=False, kl="loss", grouped=True, states=False),
+    Algo("rloo", "rloo", critic=False, kl="loss", grouped=True, states=False),
+    Algo("reinforce++", "reinforce++", critic=False, kl="reward", grouped=False, states=False),
+    Algo("reinforce++_baseline", "reinforce++_baseline", critic=False, kl="reward", grouped=False, states=False),
+    Algo("ppo", "gae", critic=True, kl="loss", grouped=False, states=False),
+    Algo("gigpo", "gigpo", critic=False, kl="loss", grouped=True, states=True),
+)}
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-sum-norm")
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps exp() finite so backward never meets inf * 0 = NaN
 

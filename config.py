@@ -26,10 +26,9 @@ from pathlib import Path
 from infra import framing as framings
 import recipes
 import schedule as schedules
-from algorithms import AGGREGATIONS
+from algorithms import AGGREGATIONS, ALGOS, Algo
 from infra.framing import Framing
 
-ALGOS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "ppo", "gigpo")
 
 
 def doc(text: str, default):
@@ -198,7 +197,7 @@ class Derived:
     device: str
     dtype: str          # compute and engine dtype (see `compute_dtype`)
     out: str
-    estimator: str      # the algorithms.advantages name (ppo -> gae)
+    algo: Algo          # what --algo means: its estimator, critic, where its KL goes (algorithms.ALGOS)
     sharded: bool       # checkpoints through torch.distributed.checkpoint (--checkpoint-format)
 
 
@@ -209,7 +208,7 @@ def derive(cfg: Config) -> Derived:
                    framing=framings.make(cfg.prompt_style, cfg.env, cfg.instructions_file),
                    device=device, dtype=compute_dtype(cfg.dtype, device, cfg.model),
                    out=cfg.out.format(env=cfg.env, algo=cfg.algo.replace("+", "p")),
-                   estimator="gae" if cfg.algo == "ppo" else cfg.algo,
+                   algo=ALGOS[cfg.algo],
                    sharded=cfg.checkpoint_format == "sharded" or (cfg.checkpoint_format == "auto" and device == "cuda"))
 
 
@@ -363,7 +362,7 @@ def check(cfg: Config, world: int) -> str | None:
                 f"{world} ranks; make --tasks-per-step x --samples-per-task a multiple of {world}")
     if batch // world < cfg.mini_batches:
         return f"{batch // world} episodes per rank cannot fill {cfg.mini_batches} mini-batches; lower --mini-batches"
-    if cfg.algo in ("grpo", "rloo", "gigpo") and cfg.samples_per_task < 2:
+    if ALGOS[cfg.algo].grouped and cfg.samples_per_task < 2:
         return f"--algo {cfg.algo} compares episodes of the same task; set --samples-per-task 2 or more"
     if cfg.dual_clip and cfg.dual_clip <= 1:
         return f"--dual-clip must be > 1 (e.g. 3) or 0 to disable, got {cfg.dual_clip}"

@@ -154,6 +154,7 @@ class Play:
     seed: int | None = None
     framing: Framing = Framing()
     env_timeout: float | None = None
+    states: bool = False  # record each turn's state key (Episode.states): only GiGPO reads them (Algo.states)
 
 
 class Expert:
@@ -205,7 +206,8 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
             ep.ids = chat.prompt(instruction, obs, acknowledgement)
             ep.prompt_len = len(ep.ids)
             ep.messages.append({"role": "user", "content": obs})
-            ep.states.append(state_key(obs))
+            if play.states:
+                ep.states.append(state_key(obs))
             if ep.prompt_len >= play.max_context:
                 ep.end = "context"
         episodes.append(ep)
@@ -263,7 +265,8 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
                 continue
             ep.append(obs_ids, False)
             ep.messages.append({"role": "user", "content": obs})
-            ep.states.append(state_key(obs))
+            if play.states:
+                ep.states.append(state_key(obs))
     for ep in episodes:
         ep.end = ep.end or "horizon"
         del ep.states[ep.turns:]  # an observation no turn answered (the context was full) is no state of a turn

@@ -64,11 +64,11 @@ class Run:
         """How this run plays episodes at a turn budget and seed (rollout.Play)."""
         c = self.cfg
         return Play(turns, c.max_tokens, c.max_context, c.temperature, c.top_p, seed, self.d.framing,
-                    c.env_timeout or None)
+                    c.env_timeout or None, states=self.d.algo.states)
 
     @property
     def kl_in_reward(self) -> bool:  # REINFORCE++ puts the KL to the reference inside the reward
-        return self.cfg.algo.startswith("reinforce++") and self.ref is not None
+        return self.d.algo.kl == "reward" and self.ref is not None
 
 
 def setup(argv) -> Run:
@@ -123,7 +123,7 @@ def setup(argv) -> Run:
     ref = None
     if cfg.kl_coef > 0:  # the KL anchor is the model RL starts from: the warm start when there is one
         ref = load(AutoModelForCausalLM, str(warm_dir) if warm_done else base, mesh, d.dtype, False, trainable=False)
-    if cfg.algo == "ppo":
+    if d.algo.critic:
         critic = models["critic"] = load(AutoModelForTokenClassification, str(resume_from / "critic") if resume_from
                                          else base, mesh, d.dtype, cfg.checkpointing, num_labels=1)
         for module in critic.modules():  # the value head's dropout (0.1 by default) would make values noisy

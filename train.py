@@ -32,146 +32,85 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 import algorithms as A
 import gigpo
-from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad, score
-from infra import checkpoint, faults
+from batch import collate, forward, micro_batches, pad, score
+from infra import checkpoint
 from infra.distributed import all_max, all_sum, print0, sync
 from infra.runlog import log_episodes, log_outcomes, memory_metrics, trim_heap
 from infra.stepplan import informative_groups, rank_share, tasks_for_step
+from passes import Passes
 from rollout import play_rounds, rollout
 from run import Run, finish, setup
 
 GAP_ALARM = 0.5  # mean |trainer - sampler| logprob per token above which a weight sync is suspect
 
 
-def update(cfg, models: dict, optimizers: dict, schedulers: dict | None, batch: dict, old, ref_lp, values, adv,
-           returns, kl_in_reward: bool, seed: int, reduce_sum=None, reduce_max=None, apply: bool = True,
-           anchor=None) -> dict:
-    """Step (4): `ppo_epochs` x `mini_batches` optimizer steps over the batch, each accumulating
-    micro-batches within the token budget. Every term (policy, KL, entropy) is aggregated by `cfg.agg`
-    over the mini-batch's policy tokens (or sequences) of all ranks (`reduce_sum`, default all ranks),
-    so the gradient does not depend on the split and the KL keeps its weight under every aggregation.
-    `old` None means the update is exactly on-policy (one epoch, one mini-batch): the "old" logprobs
-    are then this forward's own, detached, and no separate scoring pass is needed (as verl does).
-    `apply` False leaves the gradients in place for a later step's update (`--min-groups`) instead of
-    stepping the optimizer. `anchor` (warmstart.Anchor, --bc-anchor) adds its imitation gradient before
-    each optimizer step. Returns sums of this rank's loss terms (its share of each global mean) and the update count."""
-    if old is None and (cfg.ppo_epochs > 1 or cfg.mini_batches > 1):
+@dataclass
+class Scored:
+    """What the update reads of a step: the batch (batch.collate) and, aligned with it as (B, T) tensors, the
+    advantages and returns (step 3) and step 2's logprobs and values: `old` None when the update is exactly
+    on-policy (its own first forward is then the old policy, as verl does), `ref` None without a KL term,
+    `values` None without a critic. `kl_in_reward`: the KL went into the reward (REINFORCE++), not the loss."""
+    batch: dict
+    adv: torch.Tensor
+    returns: torch.Tensor
+    old: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    kl_in_reward: bool = False
+
+
+def update(cfg, models: dict, optimizers: dict, s: Scored, schedulers: dict | None = None, seed: int = 0,
+           apply: bool = True, anchor=None, reduce=None) -> dict:
+    """Step (4): `ppo_epochs` x `mini_batches` optimizer steps over the batch, each accumulating micro-batches
+    within the token budget. Every term is aggregated by `cfg.agg` over the mini-batch's policy tokens (or
+    sequences) of all ranks, so the gradient does not depend on the split and the KL keeps its weight under
+    every aggregation. passes.py runs the machinery (rows skipped, packing, gradient reduction, probes, the
+    optimizer step); `apply` False keeps the gradients for a later step (--min-groups); `anchor` adds an
+    imitation gradient (--bc-anchor); `reduce`: (sum, max) over processes, default all ranks. Returns sums
+    of this rank's loss terms (its share of each global mean) and the update count."""
+    if s.old is None and (cfg.ppo_epochs > 1 or cfg.mini_batches > 1):
         raise ValueError("old=None (on-policy) needs ppo_epochs == 1 and mini_batches == 1: later updates "
                          "need the logprobs from before the first one (score the batch first)")
-    reduce_sum, reduce_max = reduce_sum or all_sum, reduce_max or all_max
-    world = dist.get_world_size() if reduce_sum is all_sum else 1
-    policy, mask, lengths = models["policy"], batch["mask"], batch["attn"].sum(1)
-    stats = dict.fromkeys(("loss", "clip_frac", "kl", "entropy", "grad_norm", "value_loss", "updates",
-                           "skipped_rows", "sampler_gap", "gap_tokens", "bc_nll", "idle_steps"), 0.0)
-    # A row whose advantage is 0 on every token adds exactly 0 to the policy gradient (the loss is
-    # -A * ratio); when no other term touches it (no KL, no entropy bonus, no critic) its forward and
-    # backward are skipped. It still counts in the normaliser, so the gradient is unchanged. GRPO makes
-    # many such rows: every group whose rewards are all equal (all solved, or all failed).
-    idle = ref_lp is None and not cfg.entropy_coef and "critic" not in models
-    silent = set(((adv * mask) == 0).all(1).nonzero().flatten().tolist()) if idle else set()
+    passes = Passes(cfg, models, s, reduce, anchor)
+    policy, critic = models["policy"], models.get("critic")
+    kl_coef = 0.0 if s.kl_in_reward else cfg.kl_coef
     gen = torch.Generator().manual_seed(seed)
-    defer = next(policy.parameters()).device.type == "cpu"
     for epoch in range(cfg.ppo_epochs):
-        order = torch.randperm(len(mask), generator=gen).tolist()
+        order = torch.randperm(len(s.adv), generator=gen).tolist()
         for part in range(cfg.mini_batches):
-            chunk = order[part::cfg.mini_batches]
-            tokens, seqs = reduce_sum(mask[chunk].sum(), len(chunk))
-            norm = {"token-mean": tokens, "seq-mean-token-mean": seqs, "seq-sum-norm": seqs * cfg.max_context}[cfg.agg]
-            live = [r for r in chunk if r not in silent]
-            stats["skipped_rows"] += len(chunk) - len(live)
-            micro = micro_batches(live, lengths, cfg.micro_tokens, batch if cfg.shared_prefix else None)
-            micro = pad(micro, reduce_max(len(micro)))
-            for i, mb in enumerate(micro):
-                # FSDP2 reduce-scatters every backward's gradients. On CPU (gloo, one thread a rank) they
-                # accumulate unsharded and are reduced once, in the mini-batch's last backward (every rank
-                # runs as many micro-batches, so the last is the same on all): 0.95x the update's time
-                # (bench/results/update_epyc.md). On GPUs the links are fast and an unsharded fp32 gradient
-                # of a large model would not fit; with an anchor, its own backward follows: both reduce always.
-                gradient_sync(models, not defer or anchor is not None or i == len(micro) - 1)
-                micro_step(cfg, models, batch, mb, old, ref_lp, values, adv, returns, kl_in_reward, tokens, norm,
-                           world, epoch == 0, stats)
-            if anchor is not None:
-                stats["bc_nll"] += anchor.backward(policy) / world  # every rank returns the global mean
-            faults.point("update")  # test-only: gradients made, optimizer not stepped (faults.py)
-            if apply:
-                optimizer_step(cfg, models, optimizers, schedulers, stats)
-            stats["updates"] += 1
-    return stats
-
-
-def gradient_sync(models: dict, on: bool) -> None:
-    """Whether the next backward reduces the FSDP2 models' gradients over ranks (a model that is not
-    FSDP2's, as in one process, has nothing to reduce)."""
-    for model in models.values():
-        if hasattr(model, "set_requires_gradient_sync"):
-            model.set_requires_gradient_sync(on)
-
-
-def micro_step(cfg, models: dict, batch: dict, mb: list[int], old, ref_lp, values, adv, returns, kl_in_reward: bool,
-               tokens, norm, world: int, first_epoch: bool, stats: dict) -> None:
-    """One micro-batch's forward and backward: PPO's clipped policy loss, the KL and entropy terms, each a
-    share of the mini-batch's global mean (`norm`), and the critic's value loss. An empty `mb` runs a
-    dummy row whose mask is zeroed, so every rank makes the same collectives."""
-    policy, mask = models["policy"], batch["mask"]
-    rows = mb or [0]
-    lp, ent = forward(policy, batch, rows, cfg.temperature, entropy=True, entropy_grad=cfg.entropy_coef > 0,
-                      width=None if mb else DUMMY_WIDTH, shared_prefix=cfg.shared_prefix, policy_only=True)
-    w = lp.shape[1]
-    m = mask[rows, :w].to(lp.device) * bool(mb)
-    old_mb = lp.detach() if old is None else old[rows, :w].to(lp.device)
-    if first_epoch and "sampler_logp" in batch:  # trainer vs sampler on the same tokens (bf16 gap)
-        sampler = batch["sampler_logp"][rows, :w].to(lp.device)
-        stats["sampler_gap"] += float(A.masked_sum((lp.detach() - sampler).abs(), m))
-        stats["gap_tokens"] += float(m.sum())
-    loss, pm = A.policy_loss(lp, old_mb, adv[rows, :w].to(lp.device), m,
-                             cfg.clip_low, cfg.clip_high, cfg.dual_clip or None, cfg.agg, norm)
-    kl = lp.new_zeros(())
-    if ref_lp is not None:
-        kl = A.kl_loss(lp, ref_lp[rows, :w].to(lp.device), m, cfg.kl_kind, cfg.agg, norm)
-    if ref_lp is not None and not kl_in_reward:
-        loss = loss + cfg.kl_coef * kl
-    ent_term = A.aggregate(ent, m, cfg.agg, norm)  # detached unless entropy_coef > 0
-    if cfg.entropy_coef:
-        loss = loss - cfg.entropy_coef * ent_term
-    # FSDP2 averages gradients over ranks; the loss is already a mean over all ranks' tokens
-    (loss * world).backward()
-    stats["loss"] += loss.item()
-    stats["kl"] += kl.item()
-    stats["entropy"] += ent_term.item()
-    stats["clip_frac"] += float(pm["clip_frac"]) * float(m.sum()) / max(tokens, 1)
-    del lp, ent, loss, kl, ent_term  # free this micro-batch's graph before the next forward
-    if "critic" in models:
-        v, _ = forward(models["critic"], batch, rows, 1.0, value=True, width=w, shared_prefix=cfg.shared_prefix)
-        vl, _ = A.value_loss(v, values[rows, :w].to(v.device), returns[rows, :w].to(v.device), m, normalizer=tokens)
-        (vl * world).backward()
-        stats["value_loss"] += vl.item()
-
-
-def optimizer_step(cfg, models: dict, optimizers: dict, schedulers: dict | None, stats: dict) -> None:
-    """Clip each model's gradient and step its optimizer (and schedule), unless the gradient is exactly 0."""
-    for key, opt in optimizers.items():
-        norm = torch.nn.utils.clip_grad_norm_(models[key].parameters(), cfg.grad_clip)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        if key == "policy":
-            stats["grad_norm"] += float(norm)
-        if float(norm) == 0.0:
-            # Every group of the batch was constant (or every row masked): the gradient is exactly 0, yet
-            # Adam would still move each weight by its momentum (and weight decay). A step with nothing to
-            # learn leaves the model, the optimizer's state and the schedule as they were. The norm is
-            # global over ranks (FSDP2), so every rank makes the same choice.
-            opt.zero_grad(set_to_none=True)
-            stats["idle_steps"] += key == "policy"
-            continue
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if schedulers:
-            schedulers[key].step()
+            norm = passes.mini_batch(order[part::cfg.mini_batches])
+            for mb in passes.micro_batches():
+                lp, ent = forward(policy, s.batch, mb.rows, cfg.temperature, entropy=True, width=mb.width,
+                                  entropy_grad=cfg.entropy_coef > 0, shared_prefix=cfg.shared_prefix, policy_only=True)
+                w, dev = lp.shape[1], lp.device
+                m = passes.mask(mb, w, dev)
+                old = lp.detach() if s.old is None else passes.take(s.old, mb, w, dev)
+                pg, pm = A.policy_loss(lp, old, passes.take(s.adv, mb, w, dev), m, cfg.clip_low, cfg.clip_high,
+                                       cfg.dual_clip or None, cfg.agg, norm)
+                kl = lp.new_zeros(()) if s.ref is None else \
+                    A.kl_loss(lp, passes.take(s.ref, mb, w, dev), m, cfg.kl_kind, cfg.agg, norm)
+                entropy = A.aggregate(ent, m, cfg.agg, norm)  # detached unless entropy_coef > 0
+                value_loss = lp.new_zeros(())
+                if critic is not None:  # PPO's critic, a model of its own: its term reaches only its weights
+                    v, _ = forward(critic, s.batch, mb.rows, 1.0, value=True, width=w, shared_prefix=cfg.shared_prefix)
+                    value_loss, _ = A.value_loss(v, passes.take(s.values, mb, w, v.device),
+                                                 passes.take(s.returns, mb, w, v.device), m, normalizer=passes.tokens)
+                # the objective: each term a share of the mini-batch's mean over all ranks
+                loss = pg + kl_coef * kl - cfg.entropy_coef * entropy + value_loss
+                passes.backward(mb, loss, lp, m, {"loss": pg + kl_coef * kl - cfg.entropy_coef * entropy, "kl": kl,
+                                                  "entropy": entropy, "value_loss": value_loss,
+                                                  "clip_frac": pm["clip_frac"]})
+                del lp, ent, loss, kl, entropy, value_loss  # free this micro-batch's graph before the next forward
+            passes.step(optimizers, schedulers, apply)
+        passes.end_epoch()
+    return passes.stats
 
 
 # ------------------------------------------------------------------ advantages over all ranks
@@ -185,12 +124,12 @@ def global_advantages(cfg, d, batch, values, token_kl) -> tuple[torch.Tensor, to
     dist.all_gather(groups, batch["groups"])
     rewards, groups = torch.cat(rewards), torch.cat(groups)
     states = None
-    if d.estimator == "gigpo":
+    if d.algo.states:
         states = [None] * world
         dist.all_gather_object(states, batch["states"])
         states = sum(states, [])
         batch["shared_turns"] = gigpo.shared_turns(groups, states)  # logged with the step's metrics
-    return A.advantages(d.estimator, rewards, batch["mask"], groups, values=values, token_kl=token_kl,
+    return A.advantages(d.algo.estimator, rewards, batch["mask"], groups, values=values, token_kl=token_kl,
                         gamma=cfg.gamma, lam=cfg.lam, kl_coef=cfg.kl_coef if token_kl is not None else 0.0,
                         norm_by_std=cfg.grpo_std, rows=slice(rank * n, (rank + 1) * n),
                         reduce_sum=reduced(dist.ReduceOp.SUM), reduce_max=reduced(dist.ReduceOp.MAX),
@@ -254,8 +193,9 @@ def train_step(run: Run, step: int, first: dict) -> bool:
 
     # (4) the update: epochs x mini-batches x micro-batches, every loss over the global token count
     t = time.perf_counter()
-    stats = update(cfg, run.models, run.optimizers, run.schedulers, batch, old, ref_lp, values, adv, returns,
-                   run.kl_in_reward, seed=cfg.seed * 31 + step, apply=stepped, anchor=run.anchor)
+    scored = Scored(batch, adv, returns, old, ref_lp, values, run.kl_in_reward)
+    stats = update(cfg, run.models, run.optimizers, scored, run.schedulers, seed=cfg.seed * 31 + step, apply=stepped,
+                   anchor=run.anchor)
     timing["time/update"] = time.perf_counter() - t
 
     # (5) weight sync into this rank's generator

@@ -121,8 +121,8 @@ def maxrss_mb() -> float:
 
 def update(model, opt, batch, old, ref_lp, adv, cfg, kl_in_reward) -> dict:
     """train.update on the policy alone (no critic, no scheduler), reductions over all ranks."""
-    return train.update(cfg, {"policy": model}, {"policy": opt}, None, batch, old, ref_lp, None, adv, adv,
-                        kl_in_reward, cfg.seed)
+    return train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batch, adv, adv, old, ref_lp, None, kl_in_reward),
+                        seed=cfg.seed)
 
 
 def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world, mem, drain: bool = True) -> dict:

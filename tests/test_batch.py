@@ -13,6 +13,8 @@ from transformers import AutoModelForCausalLM
 import batch as B
 from models.tiny import tiny_model_dir
 
+ONE_PROCESS = (lambda *xs: [float(x) for x in xs], lambda n: n)  # train.update's reductions in one process
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -158,8 +160,8 @@ def test_rows_with_zero_advantage_are_skipped_without_changing_the_update():
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         # a reference at zero KL weight changes no gradient but makes every row "touched": no skipping
         ref = B.score(model, batch, [[0, 1, 2, 3]], 1.0) if force_all else None
-        stats = train.update(cfg, {"policy": model}, {"policy": opt}, None, batch, None, ref, None, adv, adv,
-                             False, 0, lambda *xs: [float(x) for x in xs], lambda n: n)
+        stats = train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batch, adv, adv, ref=ref),
+                             reduce=ONE_PROCESS)
         results.append((model, stats["skipped_rows"]))
     (skipping, skipped), (full, none_skipped) = results
     assert skipped == 2 and none_skipped == 0
@@ -181,14 +183,13 @@ def test_held_back_gradients_add_up_to_one_step_on_both_batches():
     batches = [two_turn_batch(base.config.vocab_size) for _ in range(2)]
     advs = [b["mask"] * torch.tensor(a)[:, None] for b, a in zip(batches, ([1.0, -1.0, 0.5, -0.5], [0.0, 0.0, 2.0, -1.0]))]
     cfg = configs.Config(kl_coef=0.0, micro_tokens=64, grad_clip=1e9)  # clipping would scale each run its own way
-    ident = (lambda *xs: [float(x) for x in xs], lambda n: n)
 
     def run(steps):  # [(batch index, apply)] with plain SGD at lr 1: the weights move by minus the gradient
         model = copy.deepcopy(base)
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         for i, apply in steps:
-            train.update(cfg, {"policy": model}, {"policy": opt}, None, batches[i], None, None, None, advs[i], advs[i],
-                         False, 0, *ident, apply=apply)
+            train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batches[i], advs[i], advs[i]),
+                         apply=apply, reduce=ONE_PROCESS)
             if not apply:  # held back: unchanged weights, gradients kept for the next step
                 assert all(torch.equal(p, q) for p, q in zip(model.parameters(), base.parameters()))
                 assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
@@ -216,24 +217,23 @@ def test_an_update_with_only_constant_groups_leaves_weights_and_adam_state_uncha
         cfg = configs.Config(kl_coef=0.0, micro_tokens=64)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
-        args = (False, 0, lambda *xs: [float(x) for x in xs], lambda n: n)
         informative = batch["mask"] * torch.tensor([1.0, -1.0, 1.5, -0.5])[:, None]
-        stats = train.update(cfg, {"policy": model}, {"policy": opt}, {"policy": sched}, batch, None, None, None,
-                             informative, informative, *args)
+        stats = train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batch, informative, informative),
+                             {"policy": sched}, reduce=ONE_PROCESS)
         assert stats["idle_steps"] == 0
         before = copy.deepcopy(model.state_dict())
         steps, lr = opt.state[next(iter(model.parameters()))]["step"].item(), sched.get_last_lr()[0]
         constant = batch["mask"] * 0.0
-        stats = train.update(cfg, {"policy": model}, {"policy": opt}, {"policy": sched}, batch, None, None, None,
-                             constant, constant, *args)
+        stats = train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batch, constant, constant),
+                             {"policy": sched}, reduce=ONE_PROCESS)
         assert stats["idle_steps"] == 1 and stats["skipped_rows"] == 4 and stats["grad_norm"] == 0.0
         for k, v in model.state_dict().items():
             assert torch.equal(v, before[k]), k
         assert opt.state[next(iter(model.parameters()))]["step"].item() == steps == 1
         assert sched.get_last_lr()[0] == lr
         # the next informative batch steps again
-        stats = train.update(cfg, {"policy": model}, {"policy": opt}, {"policy": sched}, batch, None, None, None,
-                             informative, informative, *args)
+        stats = train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batch, informative, informative),
+                             {"policy": sched}, reduce=ONE_PROCESS)
         assert stats["idle_steps"] == 0 and opt.state[next(iter(model.parameters()))]["step"].item() == 2
 
 

@@ -182,8 +182,8 @@ def run_update(algo: str, dtype, checkpointing: bool, shared: bool, base, critic
     adv, returns = A.advantages("gae" if algo == "ppo" else algo, rewards, mask, groups, values=values,
                                 token_kl=token_kl, kl_coef=cfg.kl_coef if kl_in_reward else 0.0)
     opts = {k: Recorder(m) for k, m in models.items()}
-    stats = train.update(cfg, models, opts, None, batch, old, None if kl_in_reward else ref_lp, values, adv, returns,
-                         kl_in_reward, 0, lambda *xs: [float(x) for x in xs], lambda n: n)
+    scored = train.Scored(batch, adv, returns, old, None if kl_in_reward else ref_lp, values, kl_in_reward)
+    stats = train.update(cfg, models, opts, scored, reduce=(lambda *xs: [float(x) for x in xs], lambda n: n))
     return {"stats": stats, "grads": {k: o.grads for k, o in opts.items()}}
 
 
@@ -271,8 +271,7 @@ def _fsdp2_update(rank):
             cfg = configs.Config(kl_coef=0.0, entropy_coef=0.01, micro_tokens=48 + 32 * rank, grad_clip=1e9,
                                  shared_prefix=shared)
             rec = Recorder(model)
-            stats = train.update(cfg, {"policy": model}, {"policy": rec}, None, batch, None, None, None, adv, adv,
-                                 False, 0)
+            stats = train.update(cfg, {"policy": model}, {"policy": rec}, train.Scored(batch, adv, adv))
             out[dtype, shared] = (stats["loss"], [g.full_tensor() for g in rec.grads[0]])
     result = {}
     for dtype in ("float32", "bfloat16"):
@@ -306,13 +305,13 @@ def _fsdp2_against_one_process(rank):
     mine = B.collate(episodes(base.config.vocab_size)[rank * 6:(rank + 1) * 6], 0)
     rec = Recorder(model)
     mine_adv = adv[rank * 6:(rank + 1) * 6, :mine["mask"].shape[1]]
-    train.update(cfg, {"policy": model}, {"policy": rec}, None, mine, None, None, None, mine_adv, mine_adv, False, 0)
+    train.update(cfg, {"policy": model}, {"policy": rec}, train.Scored(mine, mine_adv, mine_adv))
     lengths = mine["attn"].sum(1)
     micro = len(B.micro_batches(list(range(6)), lengths, cfg.micro_tokens))
     grads = [g.full_tensor() for g in rec.grads[0]]
     one = Recorder(base)
-    train.update(cfg, {"policy": base}, {"policy": one}, None, full, None, None, None, adv, adv, False, 0,
-                 lambda *xs: [float(x) for x in xs], lambda n: n)
+    train.update(cfg, {"policy": base}, {"policy": one}, train.Scored(full, adv, adv),
+                 reduce=(lambda *xs: [float(x) for x in xs], lambda n: n))
     return micro, max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, one.grads[0]))
 
 

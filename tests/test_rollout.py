@@ -155,7 +155,8 @@ def test_states_are_the_observations_each_turn_answered(engine, model_dir):
 
     chat = ChatFormat(tokenizer_for(model_dir, "tiny"))
     tasks = [(0, 0), (0, 0), (1, 1)]
-    eps, _ = rollout(engine, chat, [Digits(turns=3) for _ in tasks], Digits, tasks, Play(3, max_tokens=4, seed=4))
+    eps, _ = rollout(engine, chat, [Digits(turns=3) for _ in tasks], Digits, tasks,
+                     Play(3, max_tokens=4, seed=4, states=True))
     for ep in eps:
         seen = [m["content"] for m in ep.messages if m["role"] == "user"][:ep.turns]
         assert ep.turns == 3 and ep.states == [state_key(text) for text in seen]
