@@ -268,8 +268,7 @@ def step_advantages(rewards: Tensor, groups: Tensor, states: list[list[str]], ga
 def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
                token_kl: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, kl_coef: float = 0.0,
                norm_by_std: bool = True, eps: float = 1e-6, whiten: bool = True, *, rows: slice | None = None,
-               reduce_sum=None, reduce_max=None, states: list[list[str]] | None = None, step_weight: float = 1.0,
-               positive_only: bool = False) -> tuple[Tensor, Tensor]:
+               reduce_sum=None, reduce_max=None, states: list[list[str]] | None = None, step_weight: float = 1.0) -> tuple[Tensor, Tensor]:
     """Advantages and returns, both (B, T) and 0 wherever mask is 0.
 
     rewards (B,) episode rewards r_i; mask (B, T); group_ids (B,) long, equal for episodes sampled for
@@ -290,7 +289,6 @@ def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, valu
             compares turn t's return gamma^(T_i-1-t) r_i with the other turns from the same state
             (`states[i]`, the keys of the observations episode i's turns answered). returns = A.
     whiten=False skips the batch whitening (reinforce++ variants and gae) e.g. to inspect raw values.
-    positive_only keeps max(A, 0): episodes better than their group are pushed up, worse ones not down.
 
     Statistics (group and batch) cover the whole step: `rewards`, `group_ids` (and `states`) are the
     step's N episodes (all ranks), `mask` (and `values`, `token_kl`) this process's rows `rows` of them
@@ -323,7 +321,7 @@ def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, valu
             adv = _keep(gigpo.per_turn(scalar[rows], steps, mask, step_weight), m).float()
         else:
             adv = _keep(scalar[rows].to(rewards.dtype)[:, None].expand(B, T), m)
-        return (adv.clamp(min=0) if positive_only else adv), adv.clone()
+        return adv, adv.clone()
 
     if name == "reinforce++_baseline":
         rewards = group_baseline("center", rewards, group_ids).to(rewards.dtype)
@@ -349,7 +347,7 @@ def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, valu
         adv = _gae_over_mask(token_r, torch.zeros_like(token_r), mask, gamma, 1.0)
         returns = adv.clone()
     adv = masked_whiten(adv, mask, reduce_sum=reduce_sum, reduce_max=reduce_max) if whiten else adv
-    return (adv.clamp(min=0) if positive_only else adv), returns
+    return adv, returns
 
 
 # ---------------------------------------------------------------- losses

@@ -22,14 +22,13 @@ REWARDS = {
 }
 
 
-def training_reward(e, reward: str = "env", success_bonus: float = 0.0, refusal_penalty: float = 0.0) -> float:
+def training_reward(e, reward: str = "env", success_bonus: float = 0.0) -> float:
     """An episode's training reward: REWARDS[reward], plus `success_bonus` when it succeeded (finishing then
-    outweighs any partial credit), less `refusal_penalty` per refused turn (a study, config.refusal_penalty)."""
-    return REWARDS[reward](e) + success_bonus * e.success - refusal_penalty * e.refused
+    outweighs any partial credit)."""
+    return REWARDS[reward](e) + success_bonus * e.success
 
 
-def collate(episodes, pad_id: int, refusal_penalty: float = 0.0, reward: str = "env",
-            success_bonus: float = 0.0) -> dict:
+def collate(episodes, pad_id: int, reward: str = "env", success_bonus: float = 0.0) -> dict:
     """Right-padded (B, L) tensors of whole episodes. mask/sampler_logp are aligned with `ids`: entry t
     belongs to token t (0 on the prompt and padding). Every row attends to at least one token, so a
     row with no tokens cannot produce NaN activations (NaN * 0 is NaN in the weight gradient).
@@ -50,8 +49,7 @@ def collate(episodes, pad_id: int, refusal_penalty: float = 0.0, reward: str = "
             mask[i, p:n] = torch.tensor(e.mask, dtype=torch.float)
         sampler[i, p:n] = torch.tensor(e.logprobs)
     return {"ids": ids, "attn": attn, "mask": mask, "sampler_logp": sampler,
-            "rewards": torch.tensor([training_reward(e, reward, success_bonus, refusal_penalty) for e in episodes],
-                                    dtype=torch.float),
+            "rewards": torch.tensor([training_reward(e, reward, success_bonus) for e in episodes], dtype=torch.float),
             "groups": torch.tensor([e.group for e in episodes], dtype=torch.long),
             "states": [list(e.states) for e in episodes]}
 

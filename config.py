@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from infra import framing as framings
+from infra import trackers
 import recipes
 import schedule as schedules
 from algorithms import AGGREGATIONS, ALGOS, Algo
@@ -116,7 +117,7 @@ class Config:
     bc_coef: float = doc("weight of the imitation term of --bc-anchor against the RL loss", 1.0)
     # machinery
     engine: str = doc("rollout generator: auto (vLLM if installed, else torch on CUDA, hf on CPU), vllm, torch "
-                       "(decode.py: the project's own decode loop, KV kept across turns, CUDA graphs) or hf", "auto")
+                       "(infra/decode.py: the project's own decode loop, KV kept across turns, CUDA graphs) or hf", "auto")
     compile_generator: str = doc("vLLM: torch.compile the model (inductor): auto (on GPUs, and on CPU for models of "
                                  "50M+ parameters: SmolLM2 yes, the tiny model no), on or off", "auto")
     device: str = doc("auto (cuda when there is a GPU for every rank on this node, else cpu), cpu or cuda", "auto")
@@ -131,6 +132,9 @@ class Config:
                             "lower blocks frozen; cheaper backward); 0: every parameter", 0)
     seed: int = doc("base seed; ranks, tasks and samples derive theirs from it", 0)
     out: str = doc("run directory (config, metrics.jsonl, plots, checkpoints)", "runs/{env}-{algo}")
+    report_to: str = doc("experiment trackers given metrics.jsonl's numbers, as transformers names them: none, "
+                         "tensorboard, wandb, trackio, several comma-separated, or all (those installed); they "
+                         "write into the run directory, offline (infra/trackers.py)", "none")
     eval_every: int = doc("every N steps (and at the end), one sampled episode per validation task; 0: never", 0)
     eval_turns: int = doc("turn budget of those evaluations; 0: the schedule's largest. Fix it to compare runs of "
                           "different schedules on one footing (lab/horizons.py)", 0)
@@ -297,6 +301,10 @@ def check(cfg: Config, world: int) -> str | None:
         return f"unknown --dtype {cfg.dtype!r}; choose auto, float32 or bfloat16"
     if cfg.checkpoint_format not in ("auto", "full", "sharded"):
         return f"unknown --checkpoint-format {cfg.checkpoint_format!r}; choose auto, full or sharded"
+    try:
+        trackers.chosen(cfg.report_to)  # looks the packages up without importing them
+    except ValueError as exc:
+        return str(exc)
     if cfg.preset and cfg.preset not in recipes.PRESETS:
         return f"unknown --preset {cfg.preset!r}; choose one of: {', '.join(recipes.PRESETS)}"
     if not cfg.temperature > 0:  # logits / 0 would make every logprob NaN

@@ -30,7 +30,7 @@ sequences of 2,048 tokens that is 1.2 GB less in every rank while the trainer up
 KV cache and the packed copies).
 
 Pick one with `make_engine(model_dir, kind="auto"|"vllm"|"torch"|"hf", ...)`: auto takes vLLM when it
-imports, else on CUDA the project's own decode loop (`torch`, decode.py: KV kept across turns, CUDA graphs),
+imports, else on CUDA the project's own decode loop (`torch`, infra/decode.py: KV kept across turns, CUDA graphs),
 else transformers' generate (`hf`).
 `cpu_supports_bf16()` says whether bfloat16 is the faster dtype on this CPU.
 """
@@ -40,12 +40,13 @@ import contextlib
 import importlib.util
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 import torch
 
+from infra.decode import TorchEngine
+from infra.samples import Sample, Sampling, copy_weights  # noqa: F401  (the contract, re-exported)
 from infra.vllm_cpu import guard_llvmlite, release_cpu, restore_cpu
 
 # oneDNN keeps every GEMM primitive (JIT-compiled kernel) it creates in a process-wide cache, 1024 entries by
@@ -56,33 +57,6 @@ from infra.vllm_cpu import guard_llvmlite, release_cpu, restore_cpu
 # their own small cache of the shapes that recur (decode batch sizes), and a shape seen again after its
 # eviction is only compiled again. Set before any primitive is created: oneDNN reads it once.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
-
-
-@dataclass
-class Sampling:
-    max_tokens: list[int] | int = 256  # per prompt, or one for all
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | list[int] | None = None  # None: nondeterministic; a list: one per prompt; an int s: prompt i uses s + i
-    stop_ids: tuple[int, ...] = ()     # end-of-turn token ids; a stop token is kept in the output
-
-    def caps(self, n: int) -> list[int]:
-        return list(self.max_tokens) if isinstance(self.max_tokens, (list, tuple)) else [self.max_tokens] * n
-
-    def seeds(self, n: int) -> list[int | None]:
-        """The seed of each of `n` prompts (vLLM seeds every request on its own)."""
-        if isinstance(self.seed, (list, tuple)):
-            return list(self.seed)
-        return [None if self.seed is None else self.seed + i for i in range(n)]
-
-
-@dataclass
-class Sample:
-    ids: list[int]                # sampled token ids, the stop token included when generation stopped on it
-    logprobs: list[float] | None  # logprob of each sampled id under the generating weights (None: an expert's)
-    text: str | None = None       # the reply as written, when the actor writes text (the expert); else decoded
-    end: str = ""                 # set when the actor could not reply: the episode ends so ("expert_error", ...)
-    error: str = ""
 
 
 def stop_ids(tokenizer_or_dir, model_dir: str | None = None) -> tuple[int, ...]:
@@ -143,13 +117,12 @@ def make_engine(model_dir: str, kind: str = "auto", device: str = "cpu", dtype: 
     if kind == "hf":
         return HFEngine(model_dir, device, dtype)
     if kind == "torch":
-        from decode import TorchEngine  # decode.py imports this file's contract
         return TorchEngine(model_dir, device, dtype, seed)
     raise ValueError(f"unknown engine {kind!r}; use auto, vllm, torch or hf")
 
 
 def engine_kind(kind: str, device: str) -> str:
-    """auto: vLLM where installed; else on CUDA the project's own decode loop (decode.py, about 50x faster
+    """auto: vLLM where installed; else on CUDA the project's own decode loop (infra/decode.py, about 50x faster
     there than transformers' generate by design: docs/gpu.md), and on the CPU transformers' generate."""
     if kind != "auto":
         return kind
@@ -369,11 +342,7 @@ class HFEngine:
         return samples
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, tensor in named_tensors:
-                if name in params:  # tied embeddings appear once in the model, maybe twice in the stream
-                    params[name].copy_(tensor.to(params[name].dtype))
+        copy_weights(self.model, named_tensors)
 
     def sleep(self) -> None:
         pass

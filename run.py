@@ -23,10 +23,10 @@ from engine import make_engine
 from infra import checkpoint, console, lifeline, memplan
 from infra.distributed import load, print0, setup_distributed, sync
 from infra.runlog import RunLog
-from infra.stepplan import Accumulation, Curriculum
 from models import resolve_model
 from infra.envcalls import abandoned
 from rollout import ChatFormat, Play
+from studies import Studies
 
 
 @dataclass
@@ -51,9 +51,7 @@ class Run:
     val_ids: list                # the validation tasks of --eval-every
     start: int                   # the first step this process runs (after a resume)
     log: RunLog | None           # rank 0's metrics, plots and progress bar
-    curriculum: Curriculum | None = None  # --curriculum (stepplan.py)
-    accumulation: Accumulation | None = None  # --min-groups (stepplan.py)
-    anchor: object = None        # --bc-anchor (warmstart.Anchor)
+    studies: Studies | None = None  # the project's studies beside the method, off by default (studies.py)
     spent: float = 0.0           # seconds of training steps in this process (--rl-seconds)
 
     @property
@@ -153,18 +151,13 @@ def setup(argv) -> Run:
     run = Run(cfg=cfg, d=d, rank=rank, world=world, out=out, models=models, ref=ref, optimizers=optimizers,
               schedulers=schedulers, engine=engine, env_pool=env_pool, make_env=lambda: envs.make(cfg.env, **d.env_options),
               threads=threads, chat=chat, tokenizer=tokenizer, train_ids=train_ids, val_ids=val_ids, start=start,
-              log=RunLog(out, cfg.steps, start, d.schedule) if rank == 0 else None,
-              curriculum=Curriculum(train_ids, getattr(env_pool[0], "level", env_pool[0].subtask), cfg.seed,
-                                    out / "curriculum.jsonl", start) if cfg.curriculum else None,
-              accumulation=Accumulation(cfg.min_groups))  # a checkpoint always steps: a resume has none pending
+              log=RunLog(out, cfg.steps, start, d.schedule) if rank == 0 else None)
     if cfg.bc_episodes and not resume_from and not warm_done:
         import warmstart
         engine.sleep()  # the GPU memory it holds is the warm start's; sync() reloads the weights
         warmstart.run(run, warm_dir)
         sync(engine, policy, getattr(torch, d.dtype))
-    if cfg.bc_anchor:  # imitation beside RL (warmstart.Anchor)
-        import warmstart
-        run.anchor = warmstart.Anchor(run)
+    run.studies = Studies.from_run(run, getattr(env_pool[0], "level", env_pool[0].subtask), start)
     return run
 
 

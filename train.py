@@ -18,8 +18,8 @@ is one step of AgentGym-RL (section 3; ScalingInter-RL, section 3.3), numbered a
   5. weight sync: full parameters streamed into every rank's generator (`distributed.sync`);
   6. log, evaluate on the validation split, checkpoint (`log_step`, `save`).
 
-The study switches that read a step's groups (--curriculum, --min-groups) sit in `group_bookkeeping`,
-off by default.
+The project's own studies beside the method (studies.py) reach a step through `run.studies`'s hooks, which
+give back their input unchanged when every study is off (the default).
 
 Paper mode: `--tasks-file` trains on an AgentGym-RL-Data-ID task list and `--prompt-style agentgym`
 frames episodes as AgentGym's clients did (README, "Comparing with the paper").
@@ -43,8 +43,8 @@ from batch import collate, forward, micro_batches, pad, score
 from infra import checkpoint
 from infra.distributed import all_max, all_sum, print0, sync
 from infra.runlog import log_episodes, log_outcomes, memory_metrics, trim_heap
-from infra.stepplan import informative_groups, rank_share, tasks_for_step
-from passes import Passes
+from infra.stepplan import rank_share, tasks_for_step
+from infra.passes import Passes
 from rollout import play_rounds, rollout
 from run import Run, finish, setup
 
@@ -67,18 +67,18 @@ class Scored:
 
 
 def update(cfg, models: dict, optimizers: dict, s: Scored, schedulers: dict | None = None, seed: int = 0,
-           apply: bool = True, anchor=None, reduce=None) -> dict:
+           apply: bool = True, extra_gradient=None, reduce=None) -> dict:
     """Step (4): `ppo_epochs` x `mini_batches` optimizer steps over the batch, each accumulating micro-batches
     within the token budget. Every term is aggregated by `cfg.agg` over the mini-batch's policy tokens (or
     sequences) of all ranks, so the gradient does not depend on the split and the KL keeps its weight under
-    every aggregation. passes.py runs the machinery (rows skipped, packing, gradient reduction, probes, the
-    optimizer step); `apply` False keeps the gradients for a later step (--min-groups); `anchor` adds an
-    imitation gradient (--bc-anchor); `reduce`: (sum, max) over processes, default all ranks. Returns sums
+    every aggregation. infra/passes.py runs the machinery (rows skipped, packing, gradient reduction, probes, the
+    optimizer step); `apply` False keeps the gradients for a later step; `extra_gradient` (an object with
+    `backward(policy)`) adds its gradient before each optimizer step (both for studies.py); `reduce`: (sum, max) over processes, default all ranks. Returns sums
     of this rank's loss terms (its share of each global mean) and the update count."""
     if s.old is None and (cfg.ppo_epochs > 1 or cfg.mini_batches > 1):
         raise ValueError("old=None (on-policy) needs ppo_epochs == 1 and mini_batches == 1: later updates "
                          "need the logprobs from before the first one (score the batch first)")
-    passes = Passes(cfg, models, s, reduce, anchor)
+    passes = Passes(cfg, models, s, reduce, extra_gradient)
     policy, critic = models["policy"], models.get("critic")
     kl_coef = 0.0 if s.kl_in_reward else cfg.kl_coef
     gen = torch.Generator().manual_seed(seed)
@@ -133,7 +133,7 @@ def global_advantages(cfg, d, batch, values, token_kl) -> tuple[torch.Tensor, to
                         gamma=cfg.gamma, lam=cfg.lam, kl_coef=cfg.kl_coef if token_kl is not None else 0.0,
                         norm_by_std=cfg.grpo_std, rows=slice(rank * n, (rank + 1) * n),
                         reduce_sum=reduced(dist.ReduceOp.SUM), reduce_max=reduced(dist.ReduceOp.MAX),
-                        states=states, step_weight=cfg.step_weight, positive_only=cfg.positive_only)
+                        states=states, step_weight=cfg.step_weight)
 
 
 def reduced(op):
@@ -166,15 +166,15 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     cfg, d, t0, timing = run.cfg, run.d, time.perf_counter(), {}
     # (1) the step's tasks and turn budget, then the rollout: this rank's contiguous share of the episodes
     horizon = d.schedule.max_turns(step)
-    tasks = (run.curriculum.tasks(step, cfg.tasks_per_step) if run.curriculum
-             else tasks_for_step(run.train_ids, step, cfg.tasks_per_step, cfg.seed))
+    tasks = run.studies.tasks(step) or tasks_for_step(run.train_ids, step, cfg.tasks_per_step, cfg.seed)
     mine = rank_share(tasks, cfg.samples_per_task, run.rank, run.world)  # every rank a part of every group
     run.engine.wake()
     episodes, rt = rollout(run.engine, run.chat, run.env_pool, run.make_env, mine,
                            run.play(horizon, seed=(cfg.seed * 7919 + step) * 131), run.threads, run.rank * run.per_rank)
     run.engine.sleep()
     timing.update({f"time/{k}": v for k, v in rt.items()})
-    batch = collate(episodes, run.tokenizer.pad_token_id or 0, cfg.refusal_penalty, cfg.reward, cfg.success_bonus)
+    batch = collate(episodes, run.tokenizer.pad_token_id or 0, cfg.reward, cfg.success_bonus)
+    batch["rewards"] = run.studies.rewards(episodes, batch["rewards"])
 
     # (2) logprobs before the update: the "old" policy, the reference, the critic's values
     t = time.perf_counter()
@@ -184,18 +184,19 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     # (3) advantages, with group statistics over the whole step (algorithms.advantages)
     token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * batch["mask"] if run.kl_in_reward else None
     adv, returns = global_advantages(cfg, d, batch, values, token_kl)
+    adv = run.studies.advantages(adv)
     # --rl-seconds: the slowest rank's clock decides, so every rank ends (and saves) at the same step
     out_of_time = bool(cfg.rl_seconds) and all_max(run.spent + time.perf_counter() - t0) >= cfg.rl_seconds
     last = step + 1 == cfg.steps or out_of_time
     saves = last or bool(cfg.save_every and (step + 1) % cfg.save_every == 0)
-    extra, stepped = group_bookkeeping(run, step, tasks, mine, batch, saves)  # --curriculum, --min-groups
+    extra, stepped = run.studies.observe(run, step, tasks, mine, batch["rewards"], saves)
     log_episodes(run.out, step, cfg, episodes, batch, adv, run.tokenizer, run.env_pool)  # a few, at eval steps
 
     # (4) the update: epochs x mini-batches x micro-batches, every loss over the global token count
     t = time.perf_counter()
     scored = Scored(batch, adv, returns, old, ref_lp, values, run.kl_in_reward)
     stats = update(cfg, run.models, run.optimizers, scored, run.schedulers, seed=cfg.seed * 31 + step, apply=stepped,
-                   anchor=run.anchor)
+                   extra_gradient=run.studies.anchor)
     timing["time/update"] = time.perf_counter() - t
 
     # (5) weight sync into this rank's generator
@@ -240,31 +241,12 @@ def score_batch(run: Run, batch: dict):
     return old, ref_lp, values
 
 
-def group_bookkeeping(run: Run, step: int, tasks, mine, batch: dict, saves: bool) -> tuple[dict, bool]:
-    """The study switches that read a step's groups (stepplan.py): --curriculum weighs levels by how often
-    their groups were informative; --min-groups holds the optimizer step back until enough were. Returns
-    (metrics, whether the optimizer steps). Off by default: ({}, True)."""
-    cfg, extra = run.cfg, {}
-    if not (run.curriculum or cfg.min_groups):
-        return extra, True
-    rows = [None] * run.world  # every rank counts the same gathered (group, reward) rows
-    dist.all_gather_object(rows, [(g, r) for (_, g), r in zip(mine, batch["rewards"].tolist())])
-    rows = sum(rows, [])
-    if run.curriculum:
-        extra["curriculum/informative"] = run.curriculum.observe(step, tasks, rows, run.rank == 0)
-    stepped = True
-    if cfg.min_groups:
-        stepped = run.accumulation.due(sum(informative_groups(rows, len(tasks))), must=saves)
-        extra.update(pending_groups=run.accumulation.pending, stepped=float(stepped))
-    return extra, stepped
-
-
 def log_step(run: Run, step: int, metrics: dict, stats: dict, timing: dict, evaluate: bool) -> None:
     """Step (6): the step's metrics over all ranks (a collective), the validation evaluation when due,
     rank 0's line in metrics.jsonl."""
     cfg, world = run.cfg, run.world
     # every loss term is a rank's share of a global mean: summed over ranks, averaged over updates
-    keys = ("loss", "kl", "entropy", "clip_frac", "value_loss") + (("bc_nll",) if run.anchor else ())
+    keys = ("loss", "kl", "entropy", "clip_frac", "value_loss") + (("bc_nll",) if run.studies.anchor else ())
     metrics.update({k: v / stats["updates"] for k, v in zip(keys, all_sum(*(stats[k] for k in keys)))})
     metrics["grad_norm"] = stats["grad_norm"] / stats["updates"]
     metrics["idle_updates"] = stats["idle_steps"]  # optimizer steps left out: a zero gradient (update())

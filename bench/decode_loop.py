@@ -1,4 +1,4 @@
-"""decode.py's generator beside its memory-bandwidth bound, on a GPU (or, at toy scale, this CPU).
+"""infra/decode.py's generator beside its memory-bandwidth bound, on a GPU (or, at toy scale, this CPU).
 
     python bench/generate.py --device cuda                   # batches 64, 256, 512 at ~1,000-token contexts
     python bench/generate.py --device cpu --batches 2 4 --prompt 96 --new 8      # the same, a dry run here
@@ -62,7 +62,7 @@ def random_model(directory: Path, dtype: str) -> str:
 def run(args) -> dict:
     import torch
     import engine as engines
-    from decode import TorchEngine
+    from infra.decode import TorchEngine
 
     device, dtype = args.device, args.dtype if args.dtype != "auto" else ("bfloat16" if args.device == "cuda" else "float32")
     bw = read_bandwidth(device)
@@ -73,7 +73,7 @@ def run(args) -> dict:
         own = TorchEngine(path, device, dtype)
         weights = sum(p.numel() for p in own.model.parameters()) * c  # the tied head counted once
         gen = torch.Generator().manual_seed(0)
-        figures = {"device": device_name(device), "device_kind": device, "dtype": dtype, "engine": "torch (decode.py)",
+        figures = {"device": device_name(device), "device_kind": device, "dtype": dtype, "engine": "torch (infra/decode.py)",
                    "prompt": args.prompt, "new": args.new, "bandwidth_gbs": bw, "weight_bytes": weights,
                    "kv_bytes_per_token": per_token, "batches": {}}
         forced = lambda n: engines.Sampling(max_tokens=n, seed=1)  # noqa: E731  (no stop ids: every row runs to n)

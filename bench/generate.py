@@ -2,7 +2,7 @@
 
     python bench/generate.py [--batch 16] [--prompt 600] [--new 32] [--threads 1] [--episodes RUN/episodes.jsonl]
     python bench/generate.py --compare      # vLLM eager, then torch.compile'd, side by side
-    python bench/generate.py --device cuda  # decode.py's own loop on a GPU (bench/decode_loop.py)
+    python bench/generate.py --device cuda  # infra/decode.py's own loop on a GPU (bench/decode_loop.py)
 
 One process plays one rank: `engine.make_engine` (vLLM's CPU build, in-process) for SmolLM2-135M-Instruct in
 the compute dtype `--dtype auto` picks, with the recipe's per-rank batch (`--batch`: 8 tasks x 4 samples over
@@ -60,9 +60,9 @@ def main(argv=None) -> int:
                    "1,000 with --engine torch)")
     p.add_argument("--new", type=int, help="decode steps timed per call (default 32; 64 with --engine torch)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="cuda: decode.py's loop on the GPU (implies --engine torch; bench/decode_loop.py)")
+                   help="cuda: infra/decode.py's loop on the GPU (implies --engine torch; bench/decode_loop.py)")
     p.add_argument("--engine", choices=("vllm", "torch"), default="vllm",
-                   help="vllm (CPU build) or torch: decode.py's own loop, random weights of SmolLM2's shape")
+                   help="vllm (CPU build) or torch: infra/decode.py's own loop, random weights of SmolLM2's shape")
     p.add_argument("--batches", type=int, nargs="+", default=[64, 256, 512], help="--engine torch: batch sizes")
     p.add_argument("--hf-new", type=int, default=16,
                    help="--engine torch: also time transformers' generate for this many tokens (0: no)")

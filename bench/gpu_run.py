@@ -10,7 +10,7 @@ runlog.memory_metrics) beside memplan's plan for the same run, tests/gpu_run.py 
 around a stand-in), and two ranks on one GPU (--device auto must fall back to the CPU, not crash).
 
 Part B, the BabyAI recipe (recipes.smollm2) at GPU scale in one call of at most 570 s, every phase bounded
-in time, with decode.py's own generator (`--engine torch`; the image has no vLLM):
+in time, with infra/decode.py's own generator (`--engine torch`; the image has no vLLM):
   0. the plan: each phase's seconds estimated from the generator's benchmark (the set-up call's
      bench/generate.py --device cuda, /tmp/generate.json) and the first H200 run's fixed costs (`estimate`);
      GRPO and its control get what the other phases leave, at most --rl-seconds (330);

@@ -196,7 +196,7 @@ def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl:
     rollout = {k: v for k, v in train.items() if k.startswith(kept)}
     gen = engine_bytes if not (engine == "vllm" and device == "cuda") else gpu_util * gpu_gb * GB
     rollout["generator (awake)"] = gen
-    if engine == "torch":  # decode.py: its sleep() drops the KV rows, so they count only while it generates
+    if engine == "torch":  # infra/decode.py: its sleep() drops the KV rows, so they count only while it generates
         rollout.update(torch_engine_rows(s, c, max_context, seqs, device))
     kv_tokens = None
     if engine == "vllm" and device == "cuda":

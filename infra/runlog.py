@@ -1,9 +1,10 @@
-"""What a run leaves behind for people: a progress bar, metrics.jsonl, TensorBoard (when installed),
-a reward curve with the ScalingInter horizon stages marked, the per-task outcomes of every in-training
-evaluation (evals.jsonl), what produced the run (provenance.jsonl: git commit, CPU, versions), a few
-episodes as the trainer saw them (episodes.jsonl: the tokens the loss trains on, the reward, each
-reply's advantage). The run report (report.html) is the study's, drawn from these files by
-`python -m lab.report RUN_DIR` (lab/runreport.py; run.sh runs it after training): nothing here imports lab/.
+"""What a run leaves behind for people: a progress bar, metrics.jsonl and the same numbers in the trackers
+of --report-to (TensorBoard, wandb, trackio: infra/trackers.py), a reward curve with the ScalingInter horizon
+stages marked, the per-task outcomes of every in-training evaluation (evals.jsonl), what produced the run
+(provenance.jsonl: git commit, CPU, versions), a few episodes as the trainer saw them (episodes.jsonl: the
+tokens the loss trains on, the reward, each reply's advantage). The run report (report.html) is the
+study's, drawn from these files by `python -m lab.report RUN_DIR` (lab/runreport.py; run.sh runs it after
+training): nothing here imports lab/.
 
 Only rank 0 makes a RunLog; the numbers it gets are already reduced over ranks.
 """
@@ -17,6 +18,8 @@ from importlib import metadata
 import resource
 import time
 from pathlib import Path
+
+from infra.trackers import Trackers, chosen
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -225,6 +228,9 @@ def log_episodes(out: str | Path, step: int, cfg, episodes, batch: dict, adv, to
 
 
 class RunLog:
+    """Rank 0's record of a run in `out`: each step's row of metrics.jsonl, the same numbers to the trackers
+    that config.json's report_to names (run.py writes config.json first), the progress bar."""
+
     def __init__(self, out: str | Path, total_steps: int, start_step: int, schedule):
         from tqdm import tqdm
 
@@ -232,21 +238,15 @@ class RunLog:
         self.schedule = schedule
         self.file = open(self.out / "metrics.jsonl", "a")
         note_provenance(self.out)
+        config = json.loads((self.out / "config.json").read_text()) if (self.out / "config.json").exists() else {}
+        self.trackers = Trackers(chosen(config.get("report_to", "none")), self.out, config, start_step)
         self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-            self.tb = SummaryWriter(str(self.out / "tb"))
-        except ImportError:  # tensorboard is optional
-            self.tb = None
 
     def log(self, step: int, metrics: dict) -> None:
         row = {"step": step, **{k: round(v, 6) if isinstance(v, float) else v for k, v in metrics.items()}}
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
-        if self.tb:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)):
-                    self.tb.add_scalar(k, v, step)
+        self.trackers.log(step, row)  # the numbers of metrics.jsonl, as rounded there
         self.bar.set_postfix(reward=f"{metrics['reward']:.3f}", success=f"{metrics['success']:.2f}",
                              turns=f"{metrics['turns']:.1f}", horizon=metrics["horizon"])
         self.bar.update(1)
@@ -254,8 +254,7 @@ class RunLog:
     def close(self) -> None:
         self.bar.close()
         self.file.close()
-        if self.tb:
-            self.tb.close()
+        self.trackers.close()
         plot_rewards(self.out / "metrics.jsonl", self.out / "reward.png", self.schedule)
         print(f"report: python -m lab.report {self.out} writes {self.out / 'report.html'}", flush=True)
 

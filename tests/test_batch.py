@@ -132,15 +132,6 @@ def two_turn_batch(vocab: int, rows: int = 4) -> dict:
     return B.collate(episodes, 0)
 
 
-def test_refusal_penalty_lowers_the_training_reward_per_refused_turn():
-    from rollout import Episode
-
-    eps = [Episode(0, 0, [1, 2, 3], 1, mask=[1, 1], logprobs=[0.0, 0.0], reward=0.5, refused=3),
-           Episode(1, 0, [1, 2, 3], 1, mask=[1, 1], logprobs=[0.0, 0.0], reward=0.0, refused=0)]
-    assert B.collate(eps, 0)["rewards"].tolist() == [0.5, 0.0]  # off by default: the env's reward
-    assert B.collate(eps, 0, 0.05)["rewards"].tolist() == pytest.approx([0.35, 0.0])
-
-
 def test_rows_with_zero_advantage_are_skipped_without_changing_the_update():
     """train.update skips the forward/backward of rows whose advantage is 0 everywhere (GRPO's constant
     groups) when nothing else touches them: the parameters after the step equal the unskipped run's."""

@@ -1,4 +1,4 @@
-"""decode.py, the project's own decode loop, on the CPU: its sampler and seeds, the same tokens as
+"""infra/decode.py, the project's own decode loop, on the CPU: its sampler and seeds, the same tokens as
 transformers under greedy decoding (float32, tiny model and SmolLM2), the model's own logprobs in
 bfloat16, KV rows reused across turns exactly as a fresh prefill, a group's prompt prefilled once,
 and a weight sync that drops every cached row. CUDA graphs run only on a GPU (bench/generate.py --device cuda)."""
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import decode
+from infra import decode
 import engine as engines
 from models import tiny
 from tests.test_engine import STOPS, check_samples, prompts_of

@@ -23,6 +23,7 @@ import algorithms as A
 import config as configs
 from infra import distributed
 import train
+from studies import Studies
 
 WORLD = 2
 
@@ -88,7 +89,7 @@ def _collectives(rank):
         out[algo] = float((adv - ref[share]).abs().max())
         out[algo + "_nonzero_const_group"] = int(torch.count_nonzero(adv[: 4 - 4 * rank]) if rank == 0 else 0)
         cfg = configs.Config(algo=algo, kl_coef=0.0, positive_only=True)  # the positive part, nothing else
-        pos, _ = train.global_advantages(cfg, d, mine, None, None)
+        pos = Studies(cfg).advantages(train.global_advantages(cfg, d, mine, None, None)[0])
         out[algo + "_positive"] = float((pos - ref[share].clamp(min=0)).abs().max())
         out[algo + "_most_negative"] = float(ref.min())  # there is something to clamp
     return out

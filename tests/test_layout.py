@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The algorithm, in the order a reader meets it in a training step, and the two entry points.
 ROOT_FILES = {"train.py", "evaluate.py", "run.py", "config.py", "rollout.py", "engine.py", "batch.py", "prefix.py",
-              "algorithms.py", "gigpo.py", "schedule.py", "warmstart.py", "recipes.py"}
+              "algorithms.py", "gigpo.py", "schedule.py", "warmstart.py", "recipes.py", "studies.py"}
 ENTRY_POINTS = {"train", "evaluate"}
 LAB = "lab"
 NOT_CODE = {"tests", "bench", "results", "docs", "runs"}  # folders of the root that hold no project module

@@ -91,7 +91,7 @@ class Passes:
             self.stats["gap_tokens"] += float(m.sum())
         (loss * self.world).backward()
         for key in ("loss", "kl", "entropy", "value_loss"):
-            self.stats[key] += float(terms[key])
+            self.stats[key] += float(terms[key].detach())
         self.stats["clip_frac"] += float(terms["clip_frac"]) * float(m.sum()) / max(self.tokens, 1)
 
     def step(self, optimizers: dict, schedulers: dict | None, apply: bool = True) -> None:

@@ -41,7 +41,7 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
-from engine import Sample, Sampling
+from infra.samples import Sample, Sampling, copy_weights
 
 BLOCK = 32           # tokens per hashed block of the prefix match
 WIDTH_STEP = 64      # a call's KV width is rounded up to this (SDPA's mask alignment; fewer distinct shapes)
@@ -343,7 +343,7 @@ class TorchEngine:
                     try:
                         graph = self._capture(step)
                     except RuntimeError as exc:  # never lose a run to it: eager steps give the same tokens, slower
-                        print(f"warning: decode.py could not capture its step as a CUDA graph ({str(exc)[:160]}); "
+                        print(f"warning: infra/decode.py could not capture its step as a CUDA graph ({str(exc)[:160]}); "
                               "decoding eagerly", flush=True)
                         self.graphs = False
                 timed_from = self._clock()
@@ -380,11 +380,7 @@ class TorchEngine:
             torch.cuda.empty_cache()
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, tensor in named_tensors:
-                if name in params:  # tied embeddings appear once in the model, maybe twice in the stream
-                    params[name].copy_(tensor.to(params[name].dtype))
+        copy_weights(self.model, named_tensors)
         self.reset()
 
     def sleep(self) -> None:

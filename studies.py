@@ -1,0 +1,71 @@
+"""The project's own studies beside the paper's method: each off by default, named by its flag, and reached by
+the training step through one object, `Studies`, whose hooks give back their input unchanged when every
+study is off. train.py, rollout.py, algorithms.py and batch.py name none of them.
+
+| flag | what it changes | hook | published |
+|---|---|---|---|
+| --curriculum | a step's tasks: levels weighed by how often their groups were informative (infra/stepplan.py) | `tasks`, `observe` | docs/results.md (validation) |
+| --min-groups | the optimizer steps only once enough informative groups were added up (infra/stepplan.py) | `observe` | docs/results.md (validation) |
+| --refusal-penalty | the training reward, less a penalty per turn the env refused | `rewards` | results/babyai-grpo-refusal-drgrpo |
+| --positive-only | the advantages' positive part only: a filtered self-imitation of the policy's wins | `advantages` | docs/results.md (validation) |
+| --bc-anchor | an imitation gradient beside RL's in every optimizer step (warmstart.Anchor) | `anchor` | results/babyai-grpo-anchor |
+
+Tests: python -m pytest tests/test_studies.py (and each study's own tests, named in its docstring).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from infra.stepplan import Accumulation, Curriculum, informative_groups
+
+
+class Studies:
+    """The hooks of one run (`run` is run.Run; `from_run` builds them after its set-up)."""
+
+    def __init__(self, cfg, curriculum: Curriculum | None = None, anchor=None):
+        self.cfg, self.curriculum, self.anchor = cfg, curriculum, anchor
+        self.accumulation = Accumulation(cfg.min_groups)  # a checkpoint always steps: a resume has none pending
+
+    @classmethod
+    def from_run(cls, run, level_of, start: int) -> "Studies":
+        cfg = run.cfg
+        curriculum = Curriculum(run.train_ids, level_of, cfg.seed, run.out / "curriculum.jsonl", start) \
+            if cfg.curriculum else None
+        anchor = None
+        if cfg.bc_anchor:
+            import warmstart  # it imports run.py, which builds this object: a circle
+            anchor = warmstart.Anchor(run)
+        return cls(cfg, curriculum, anchor)
+
+    def tasks(self, step: int) -> list[tuple[int, int]] | None:
+        """--curriculum: the step's (task, group) draw; None: the method's uniform draw."""
+        return self.curriculum.tasks(step, self.cfg.tasks_per_step) if self.curriculum else None
+
+    def rewards(self, episodes, rewards: torch.Tensor) -> torch.Tensor:
+        """--refusal-penalty: the training reward less the penalty per refused turn (Episode.refused)."""
+        if not self.cfg.refusal_penalty:
+            return rewards
+        return rewards - self.cfg.refusal_penalty * torch.tensor([e.refused for e in episodes], dtype=rewards.dtype)
+
+    def advantages(self, adv: torch.Tensor) -> torch.Tensor:
+        """--positive-only: max(A, 0), episodes better than their group pushed up, worse ones not down."""
+        return adv.clamp(min=0) if self.cfg.positive_only else adv
+
+    def observe(self, run, step: int, tasks, mine, rewards: torch.Tensor, saves: bool) -> tuple[dict, bool]:
+        """After the advantages: --curriculum weighs levels by how often their groups were informative;
+        --min-groups holds the optimizer step back until enough were (a checkpoint step always steps).
+        Returns (metrics, whether the optimizer steps)."""
+        extra = {}
+        if not (self.curriculum or self.cfg.min_groups):
+            return extra, True
+        rows = [None] * run.world  # every rank counts the same gathered (group, reward) rows
+        dist.all_gather_object(rows, [(g, r) for (_, g), r in zip(mine, rewards.tolist())])
+        rows = sum(rows, [])
+        if self.curriculum:
+            extra["curriculum/informative"] = self.curriculum.observe(step, tasks, rows, run.rank == 0)
+        stepped = True
+        if self.cfg.min_groups:
+            stepped = self.accumulation.due(sum(informative_groups(rows, len(tasks))), must=saves)
+            extra.update(pending_groups=self.accumulation.pending, stepped=float(stepped))
+        return extra, stepped

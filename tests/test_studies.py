@@ -1,0 +1,50 @@
+"""studies.py, the seam between the paper's method and the project's own studies: with every study off each
+hook gives back its input unchanged, and no study is named in the method's files; each study's hook does
+what its flag says."""
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+import config as configs
+from rollout import Episode
+from studies import Studies
+
+ROOT = Path(__file__).resolve().parent.parent
+FLAGS = ("curriculum", "min_groups", "refusal_penalty", "positive_only", "bc_anchor")
+
+
+def test_the_method_files_name_no_study():
+    """The studies' flags appear nowhere in the code of the method's files (docstrings and comments aside)."""
+    for name in ("train.py", "rollout.py", "algorithms.py", "batch.py"):
+        tree = ast.parse((ROOT / name).read_text())
+        names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | \
+                {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+                {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
+        assert not names & set(FLAGS), (name, names & set(FLAGS))
+
+
+def test_every_hook_is_the_identity_by_default():
+    studies = Studies(configs.Config())
+    adv = torch.tensor([[-1.0, 0.5], [2.0, 0.0]])
+    eps = [Episode(0, 0, [1], 1, reward=0.5, refused=3), Episode(1, 0, [1], 1, reward=0.0)]
+    rewards = torch.tensor([0.5, 0.0])
+    assert studies.tasks(3) is None and studies.anchor is None
+    assert studies.advantages(adv) is adv and studies.rewards(eps, rewards) is rewards
+    assert studies.observe(None, 0, [], [], rewards, False) == ({}, True)
+
+
+def test_refusal_penalty_lowers_the_training_reward_per_refused_turn():
+    eps = [Episode(0, 0, [1, 2, 3], 1, mask=[1, 1], logprobs=[0.0, 0.0], reward=0.5, refused=3),
+           Episode(1, 0, [1, 2, 3], 1, mask=[1, 1], logprobs=[0.0, 0.0], reward=0.0, refused=0)]
+    rewards = torch.tensor([0.5, 0.0])
+    got = Studies(configs.Config(refusal_penalty=0.05)).rewards(eps, rewards)
+    assert got.tolist() == pytest.approx([0.35, 0.0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_positive_only_keeps_the_positive_part(dtype):
+    adv = torch.tensor([[-1.0, 0.5], [2.0, -0.25]], dtype=dtype)
+    got = Studies(configs.Config(positive_only=True)).advantages(adv)
+    assert got.dtype == dtype and got.tolist() == [[0.0, 0.5], [2.0, 0.0]]
