@@ -140,12 +140,14 @@ def test_horizon_context_and_turn_caps(engine, model_dir):
     prompt_len = len(chat.prompt(Digits.instruction, Digits().reset(0)))
     cap = prompt_len + 40
     eps, _ = rollout(engine, chat, [Digits(turns=50) for _ in tasks], Digits, tasks,
-                     Play(50, max_tokens=8, max_context=cap, seed=3))
+                     Play(50, max_tokens=8, max_context=cap, seed=3, states=True))
     assert all(e.end == "context" and len(e.ids) <= cap for e in eps)
     assert all(e.turns >= 1 for e in eps)
     assert all(len(e.states) == e.turns for e in eps)
-    eps, _ = rollout(engine, chat, [Digits()], Digits, [(0, 0)], Play(3, max_context=5))
+    eps, _ = rollout(engine, chat, [Digits()], Digits, [(0, 0)], Play(3, max_context=5, states=True))
     assert eps[0].end == "context" and eps[0].turns == 0 and eps[0].reward_index == -1 and eps[0].states == []
+    eps, _ = rollout(engine, chat, [Digits(turns=3)], Digits, [(0, 0)], Play(2, max_tokens=4, seed=1))
+    assert eps[0].turns == 2 and eps[0].states == []  # recorded only when the estimator needs them (Algo.states)
 
 
 def test_states_are_the_observations_each_turn_answered(engine, model_dir):
