@@ -1,6 +1,6 @@
 """SciWorld's training reward, chosen on validation: a short screen of `--reward` x `--success-bonus`.
 
-    python -m lab.rewards [--steps 3] [--val-tasks 48] [--out runs/sciworld-rewards]    # about 1.5-2 hours here
+    python -m lab.rewards [--steps 3] [--val-tasks 32] [--out runs/sciworld-rewards]    # about 1.5-2 hours here
     python -m lab.rewards --table runs/sciworld-rewards                                  # the table again
     python -m lab.rewards --publish runs/sciworld-rewards results/sciworld-rewards       # its evidence, to commit
 
@@ -77,9 +77,18 @@ def metrics(folder: Path) -> list[dict]:
 
 
 def outcomes(folder: Path) -> dict[int, dict]:
-    """task id -> its one validation episode's env score (reward) and success."""
-    rows = [json.loads(line) for line in (folder / "outcomes.jsonl").read_text().splitlines()]
-    return {r["task_id"]: r for r in rows}
+    """task id -> its one validation episode's env score (reward) and success: from a published folder's
+    outcomes.jsonl, else from evaluate.py's transcripts.jsonl."""
+    path = folder / "outcomes.jsonl" if (folder / "outcomes.jsonl").exists() else folder / "transcripts.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {r["task_id"]: {k: r[k] for k in KEEP if k in r} for r in rows}
+
+
+KEEP = ("task_id", "subtask", "sample", "budget", "reward", "success", "turns", "end")
+
+
+def evaluated(folder: Path) -> bool:
+    return (folder / "outcomes.jsonl").exists() or (folder / "results.json").exists()
 
 
 FIGURES = {"success": lambda r: float(r["success"]), "progress": lambda r: max(float(r["reward"]), 0.0),
@@ -89,7 +98,7 @@ FIGURES = {"success": lambda r: float(r["success"]), "progress": lambda r: max(f
 def table(out: Path) -> str:
     labels = ["warm start", *VARIANTS]
     data = {label: outcomes(out / "val" / label.replace(" ", "-")) for label in labels
-            if (out / "val" / label.replace(" ", "-") / "outcomes.jsonl").exists()}
+            if evaluated(out / "val" / label.replace(" ", "-"))}
     tasks = sorted(set.intersection(*(set(d) for d in data.values())))
     lines = [f"Validation: the first {len(tasks)} SciWorld validation tasks x 1 sample, 16 turns; success %, "
              "progress (a failure as 0) and the paper's mean score; paired differences with task-level bootstrap "
@@ -133,9 +142,13 @@ def publish(out: Path, dest: Path) -> None:
                 shutil.copy(run_dir / name, dest / "runs" / run_dir.name / name)
     for folder in sorted((out / "val").iterdir()):
         (dest / "val" / folder.name).mkdir(parents=True, exist_ok=True)
-        for name in ("config.json", "outcomes.jsonl", "provenance.jsonl", "results.json"):
+        if not evaluated(folder):
+            continue
+        for name in ("config.json", "provenance.jsonl", "results.json"):
             if (folder / name).exists():
                 shutil.copy(folder / name, dest / "val" / folder.name / name)
+        rows = sorted(outcomes(folder).values(), key=lambda r: r["task_id"])
+        (dest / "val" / folder.name / "outcomes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = table(out)
     if (out / "choice.json").exists():
         shutil.copy(out / "choice.json", dest / "choice.json")
@@ -148,7 +161,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/sciworld-rewards"))
     p.add_argument("--steps", type=int, default=3, help="GRPO steps per variant (the recipe's 8 at most)")
     p.add_argument("--horizon", default="10", help="their turn budget (the recipe's first stage)")
-    p.add_argument("--val-tasks", type=int, default=48, help="validation tasks each model is scored on")
+    p.add_argument("--val-tasks", type=int, default=32, help="validation tasks each model is scored on")
     p.add_argument("--table", type=Path, help="print the table of a finished screen's folder and stop")
     p.add_argument("--publish", type=Path, nargs=2, metavar=("SCREEN", "DEST"), help="copy a screen's evidence")
     args = p.parse_args(argv)
