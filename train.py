@@ -104,7 +104,7 @@ def update(cfg, models: dict, optimizers: dict, s: Scored, schedulers: dict | No
                                                  passes.take(s.returns, mb, w, v.device), m, normalizer=passes.tokens)
                 # the objective: each term a share of the mini-batch's mean over all ranks
                 loss = pg + kl_coef * kl - cfg.entropy_coef * entropy + value_loss
-                passes.backward(mb, loss, lp, m, {"loss": pg + kl_coef * kl - cfg.entropy_coef * entropy, "kl": kl,
+                passes.backward(mb, loss, lp, m, {"loss": loss - value_loss, "kl": kl,
                                                   "entropy": entropy, "value_loss": value_loss,
                                                   "clip_frac": pm["clip_frac"]})
                 del lp, ent, loss, kl, entropy, value_loss  # free this micro-batch's graph before the next forward

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 import algorithms as A
 from batch import DUMMY_WIDTH, micro_batches, pad
@@ -47,7 +48,6 @@ class Passes:
     def __init__(self, cfg, models: dict, scored, reduce=None, anchor=None):
         self.cfg, self.models, self.s, self.anchor = cfg, models, scored, anchor
         self.reduce_sum, self.reduce_max = reduce or (all_sum, all_max)
-        import torch.distributed as dist
         self.world = dist.get_world_size() if reduce is None else 1
         batch = scored.batch
         self.lengths = batch["attn"].sum(1)
