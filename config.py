@@ -130,6 +130,15 @@ class Config:
                               "to it (prefix.py; exact, the same gradient)", True)
     train_layers: int = doc("train only the top N decoder blocks and the final norm (embeddings, tied head and "
                             "lower blocks frozen; cheaper backward); 0: every parameter", 0)
+    lora_rank: int = doc("LoRA through PEFT: train rank-R adapters on the policy's linear layers instead of its "
+                         "weights (base frozen, optimizer on the adapters only, merged weights to the generator; "
+                         "infra/lora.py); 0: the full model. LoRA usually wants ~10x the full model's --lr", 0)
+    lora_alpha: float = doc("LoRA's alpha: the adapters' update is scaled by alpha / rank (Hu et al., 2021)", 32.0)
+    lora_dropout: float = doc("dropout on the adapters' input; 0 keeps the trainer's logprobs equal to the sampler's "
+                              "(the on-policy check)", 0.0)
+    lora_targets: str = doc("the linear layers given adapters, comma-separated module names (default: all of a "
+                            "Llama/Qwen2 block's, as SmolLM2's and Qwen2.5's)", "q_proj,k_proj,v_proj,o_proj,gate_proj,"
+                            "up_proj,down_proj")
     seed: int = doc("base seed; ranks, tasks and samples derive theirs from it", 0)
     out: str = doc("run directory (config, metrics.jsonl, plots, checkpoints)", "runs/{env}-{algo}")
     report_to: str = doc("experiment trackers given metrics.jsonl's numbers, as transformers names them: none, "
@@ -351,7 +360,7 @@ def check(cfg: Config, world: int) -> str | None:
             flag = f"--{name.replace('_', '-')}"
             return f"{flag} needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set {flag} 0"
     for name in ("eval_every", "eval_tasks", "eval_turns", "bc_episodes", "train_layers", "env_timeout", "bc_seconds",
-                 "rl_seconds",
+                 "rl_seconds", "lora_rank", "lora_dropout",
                  "min_groups", "refusal_penalty", "bc_anchor", "bc_coef", "success_bonus"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}"
@@ -400,12 +409,36 @@ def check(cfg: Config, world: int) -> str | None:
         layers = model_config(cfg.model).get("num_hidden_layers", cfg.train_layers)
         if cfg.train_layers > layers:
             return f"--train-layers {cfg.train_layers} but {cfg.model} has {layers} decoder blocks; give 1..{layers}, or 0 (all)"
+    if cfg.lora_rank and (problem := _check_lora(cfg)):
+        return problem
     if cfg.memory_check not in ("adapt", "stop", "off"):
         return f"unknown --memory-check {cfg.memory_check!r}; choose adapt, stop or off"
     out = derive(cfg).out
     if cfg.resume and not (glob.glob(os.path.join(glob.escape(out), "checkpoints", "step_*"))
                            or os.path.exists(os.path.join(out, "warmstart", "config.json"))):
         return f"--resume but {derive(cfg).out}/checkpoints has no checkpoint; drop --resume or point --out at a run"
+    return None
+
+
+def _check_lora(cfg: Config) -> str | None:
+    """--lora-*: compatible with the other flags, and every target a linear layer of the model (looked up on a
+    meta-device copy: no weights are read)."""
+    if cfg.train_layers:
+        return "--lora-rank and --train-layers are two ways to train part of the model; give one (--train-layers 0)"
+    if cfg.lora_alpha <= 0 or cfg.lora_dropout >= 1:
+        return f"--lora-alpha must be > 0 and --lora-dropout in [0, 1), got {cfg.lora_alpha} and {cfg.lora_dropout}"
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from infra.memplan import model_config
+    fields = model_config(cfg.model)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**fields))
+    linear = {n.rsplit(".", 1)[-1] for n, m in model.model.layers.named_modules() if isinstance(m, torch.nn.Linear)}
+    wanted = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+    if not wanted or set(wanted) - linear:
+        missing = ", ".join(sorted(set(wanted) - linear)) or "none given"
+        return f"--lora-targets: {missing} not a linear layer of {cfg.model}'s blocks; choose from {','.join(sorted(linear))}"
     return None
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import config as configs
 import envs
 from engine import make_engine
-from infra import checkpoint, console, lifeline, memplan
+from infra import checkpoint, console, lifeline, lora, memplan
 from infra.distributed import load, print0, setup_distributed, sync
 from infra.runlog import RunLog
 from models import resolve_model
@@ -52,6 +52,7 @@ class Run:
     start: int                   # the first step this process runs (after a resume)
     log: RunLog | None           # rank 0's metrics, plots and progress bar
     studies: Studies | None = None  # the project's studies beside the method, off by default (studies.py)
+    adapters: object = None      # the policy's peft.LoraConfig under --lora-rank (infra/lora.py)
     spent: float = 0.0           # seconds of training steps in this process (--rl-seconds)
 
     @property
@@ -109,18 +110,25 @@ def setup(argv) -> Run:
     base = resolve_model(cfg.model)
     warm_dir = out / "warmstart"
     warm_done = cfg.resume and (warm_dir / "config.json").exists()  # a resumed run keeps its warm start
-    policy_path = str(resume_from / "policy") if resume_from else str(warm_dir) if warm_done else base
+    start_path = str(warm_dir) if warm_done else base  # the model RL starts from
+    policy_path = str(resume_from / "policy") if resume_from else start_path
     tokenizer = AutoTokenizer.from_pretrained(policy_path)
     chat = ChatFormat(tokenizer, policy_path)
     mesh = init_device_mesh(d.device, (world,))
-    # Rank 0 alone reads each model (one full fp32 copy in host memory per job); every rank keeps its shards
-    policy = load(AutoModelForCausalLM, policy_path, mesh, d.dtype, cfg.checkpointing, train_layers=cfg.train_layers)
+    # Rank 0 alone reads each model (one full fp32 copy in host memory per job); every rank keeps its shards.
+    # LoRA (infra/lora.py): the base RL starts from, its adapters from the checkpoint when resuming
+    adapters = lora.config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets, start_path) \
+        if cfg.lora_rank else None
+    policy = load(AutoModelForCausalLM, start_path if adapters else policy_path, mesh, d.dtype, cfg.checkpointing,
+                  train_layers=cfg.train_layers, lora=adapters)
     trained = [p for p in policy.parameters() if p.requires_grad]
     optimizers = {"policy": torch.optim.AdamW(trained, lr=cfg.lr, weight_decay=cfg.weight_decay)}
     models = {"policy": policy}
     ref = None
-    if cfg.kl_coef > 0:  # the KL anchor is the model RL starts from: the warm start when there is one
-        ref = load(AutoModelForCausalLM, str(warm_dir) if warm_done else base, mesh, d.dtype, False, trainable=False)
+    if cfg.kl_coef > 0 and adapters:  # the base under the adapters: no second model
+        ref = lora.Base(policy)
+    elif cfg.kl_coef > 0:  # the KL anchor is the model RL starts from: the warm start when there is one
+        ref = load(AutoModelForCausalLM, start_path, mesh, d.dtype, False, trainable=False)
     if d.algo.critic:
         critic = models["critic"] = load(AutoModelForTokenClassification, str(resume_from / "critic") if resume_from
                                          else base, mesh, d.dtype, cfg.checkpointing, num_labels=1)
@@ -151,7 +159,7 @@ def setup(argv) -> Run:
     run = Run(cfg=cfg, d=d, rank=rank, world=world, out=out, models=models, ref=ref, optimizers=optimizers,
               schedulers=schedulers, engine=engine, env_pool=env_pool, make_env=lambda: envs.make(cfg.env, **d.env_options),
               threads=threads, chat=chat, tokenizer=tokenizer, train_ids=train_ids, val_ids=val_ids, start=start,
-              log=RunLog(out, cfg.steps, start, d.schedule) if rank == 0 else None)
+              log=RunLog(out, cfg.steps, start, d.schedule) if rank == 0 else None, adapters=adapters)
     if cfg.bc_episodes and not resume_from and not warm_done:
         import warmstart
         engine.sleep()  # the GPU memory it holds is the warm start's; sync() reloads the weights

@@ -276,7 +276,7 @@ def save(run: Run, step: int) -> None:
     t, root = time.perf_counter(), run.out / "checkpoints"
     try:
         checkpoint.save(root, step + 1, run.models, run.optimizers, run.tokenizer, run.rank, run.world, run.cfg.keep,
-                        run.d.sharded, getattr(torch, run.d.dtype))
+                        run.d.sharded, getattr(torch, run.d.dtype), run.adapters)
     except checkpoint.CheckpointError as exc:  # raised on every rank alike: all stop, none waits
         if run.rank == 0:
             print(f"\nerror: {exc}; {checkpoint.latest(root) or 'no earlier checkpoint'} is intact. "

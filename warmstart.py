@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from infra import checkpoint
+from infra import checkpoint, lora
 
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad
 from infra.distributed import all_max, all_sum, print0
@@ -175,8 +175,11 @@ def run(run, warm_dir) -> None:
     losses = clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens, cfg.seed,
                    tokenizer.pad_token_id or 0, all_sum, all_max, run.world, progress=progress, seconds=budget)
     del optimizer
+    if lora.active(policy):  # the imitated adapters become the base, so the KL's reference (adapters off) and
+        lora.fold_into_base(policy)  # a resumed run's base are the warm start (infra/lora.py)
+        run.adapters.base_model_name_or_path = str(warm_dir)
     checkpoint.save_model(warm_dir, policy, tokenizer, run.rank)
-    if ref is not None:
+    if ref is not None and not isinstance(ref, lora.Base):
         with torch.no_grad():
             ref.load_state_dict(policy.state_dict())
     cut = f" (--bc-seconds {cfg.bc_seconds:g} reached: {len(losses)} optimizer steps)" if cfg.bc_seconds else ""

@@ -50,7 +50,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 
-from infra import faults
+from infra import faults, lora
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -179,9 +179,11 @@ def _replace_pointer(root: Path, name: str) -> None:
 
 def _gathered(model, dtype: torch.dtype, rank: int) -> dict:
     """The full model on rank 0 in `dtype`, gathered one tensor at a time (all ranks take part); the
-    HF directory of a sharded checkpoint. Rank 0's peak is the model in `dtype`, not fp32 + Adam."""
+    HF directory of a sharded checkpoint. Rank 0's peak is the model in `dtype`, not fp32 + Adam. Under
+    LoRA, the merged model in the base's names (lora.hf_tensors)."""
     out = {}
-    for name, t in get_model_state_dict(model).items():
+    tensors = lora.hf_tensors(model, dtype) if lora.active(model) else get_model_state_dict(model).items()
+    for name, t in tensors:
         t = t.detach().to(dtype)
         t = t.full_tensor() if hasattr(t, "full_tensor") else t
         if rank == 0:
@@ -189,10 +191,16 @@ def _gathered(model, dtype: torch.dtype, rank: int) -> dict:
     return out
 
 
+def _hf_state(model, rank: int) -> dict:
+    """The full fp32 model for an HF directory, on rank 0 (a collective)."""
+    return _gathered(model, torch.float32, rank) if lora.active(model) else get_model_state_dict(model, options=FULL)
+
+
 def save(root: str | Path, step: int, models: dict, optimizers: dict, tokenizer, rank: int, world: int,
-         keep: int = 2, sharded: bool = False, dtype: torch.dtype = torch.float32) -> Path:
+         keep: int = 2, sharded: bool = False, dtype: torch.dtype = torch.float32, adapters=None) -> Path:
     """Collective: every rank calls it. Returns the checkpoint directory. `sharded`: model and optimizer
-    state through torch.distributed.checkpoint (each rank writes its shard), the HF directories in `dtype`."""
+    state through torch.distributed.checkpoint (each rank writes its shard), the HF directories in `dtype`.
+    `adapters`: the policy's peft.LoraConfig under LoRA, whose adapters go to `adapter/` in PEFT's format."""
     root = Path(root)
     name = f"step_{step:06d}"
     tmp = root / f".{name}.tmp"
@@ -212,12 +220,14 @@ def save(root: str | Path, step: int, models: dict, optimizers: dict, tokenizer,
             state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizers[key])}
             writes(dcp.save, state, checkpoint_id=tmp / f"dcp_{key}", collective=True)
         else:
-            state = get_model_state_dict(model, options=FULL)          # gathered on rank 0 only
+            state = _hf_state(model, rank)                              # gathered on rank 0 only
             optim = get_optimizer_state_dict(model, optimizers[key], options=FULL)
             if rank == 0:
                 writes(model.save_pretrained, tmp / key, state_dict=state)
                 writes(torch.save, optim, tmp / f"optim_{key}.pt")
             del state, optim
+        if adapters is not None and key == "policy":  # what a resume loads onto the base (policy/ is merged)
+            writes(lora.save_adapter, tmp / "adapter", model, adapters, rank, collective=True)
     faults.point("checkpoint_write")
     writes(torch.save, {"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / f"rng_rank{rank}.pt")
     if rank == 0:
@@ -236,7 +246,7 @@ def save_model(directory: str | Path, model, tokenizer, rank: int) -> None:
     """Collective: the full model (and tokenizer) as a plain HF directory, written by rank 0 into a
     temporary directory, fsynced and renamed into place, e.g. the warm-started policy."""
     directory = Path(directory)
-    state = get_model_state_dict(model, options=FULL)  # gathered on rank 0 only
+    state = _hf_state(model, rank)  # gathered on rank 0 only
     if rank == 0:
         tmp = directory.with_name(f".{directory.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -360,6 +370,8 @@ def load_training_state(ckpt: Path, models: dict, optimizers: dict, rank: int, w
             set_model_state_dict(model, state["model"])
             set_optimizer_state_dict(model, optimizers[key], optim_state_dict=state["optim"])
             continue
+        if lora.active(model):  # the model was built from the base RL started from
+            lora.load_adapter(ckpt / "adapter", model)
         state = torch.load(ckpt / f"optim_{key}.pt", weights_only=True) if rank == 0 else {}
         set_optimizer_state_dict(model, optimizers[key], optim_state_dict=state,
                                  options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))

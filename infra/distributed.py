@@ -11,6 +11,8 @@ from contextlib import closing
 import torch
 import torch.distributed as dist
 
+from infra.lora import active as lora_active, hf_tensors, inject, train_only_adapters
+
 RANK = int(os.environ.get("RANK", 0))
 
 
@@ -42,10 +44,12 @@ def backend(device: str) -> str:
     return "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
 
 
-def shard(model, mesh, dtype: str, checkpointing: bool, trainable: bool = True, train_layers: int = 0):
+def shard(model, mesh, dtype: str, checkpointing: bool, trainable: bool = True, train_layers: int = 0,
+          lora: bool = False):
     """FSDP2: each decoder block is its own shard group, then the root (embeddings, norm, head).
     On GPU parameters compute in bf16 with fp32 gradient reduction; fp32 masters stay sharded.
-    `train_layers` N > 0 trains only the top N decoder blocks and the final norm (see `freeze_below`)."""
+    `train_layers` N > 0 trains only the top N decoder blocks and the final norm (see `freeze_below`);
+    `lora`: only the adapters infra/lora.py injected train (a block shards its base weights and adapters together)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if checkpointing and trainable:
@@ -56,6 +60,8 @@ def shard(model, mesh, dtype: str, checkpointing: bool, trainable: bool = True, 
         fully_shard(block, **kw)
     fully_shard(model, **kw)
     model.requires_grad_(trainable)
+    if trainable and lora:
+        train_only_adapters(model)
     if trainable and train_layers:
         freeze_below(model, train_layers)
     # from_pretrained returns eval mode, in which transformers skips activation checkpointing: the
@@ -65,7 +71,7 @@ def shard(model, mesh, dtype: str, checkpointing: bool, trainable: bool = True, 
 
 
 def load(cls, path: str, mesh, dtype: str, checkpointing: bool, trainable: bool = True, train_layers: int = 0,
-         **kwargs):
+         lora=None, **kwargs):
     """`cls.from_pretrained(path, **kwargs)` in fp32, sharded by `shard`, with one full copy in host memory
     per job instead of one per rank (a 7B model is about 30 GB in fp32: 8 ranks loading it each would need
     240 GB). Rank 0 alone reads the weights; every rank builds the model on the meta device (no memory),
@@ -74,18 +80,23 @@ def load(cls, path: str, mesh, dtype: str, checkpointing: bool, trainable: bool 
     that the checkpoint lacks (the critic's) is initialised on rank 0 and so is the same on every rank.
     Buffers outside the state dict (rotary frequencies) come from rank 0 as well: `to_empty` leaves them
     uninitialised. The meta-device build followed by loading shards is torchtitan's way; here the shards
-    come over the process group instead of from a converted checkpoint."""
+    come over the process group instead of from a converted checkpoint. `lora` (a peft.LoraConfig): adapters
+    injected into both copies before sharding, rank 0's initial adapters sent like every weight."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     full = cls.from_pretrained(path, dtype=torch.float32, **kwargs) if dist.get_rank() == 0 else None
+    if full is not None and lora is not None:
+        inject(full, lora)
     box = [(full.config, getattr(full, "generation_config", None)) if full is not None else None]
     dist.broadcast_object_list(box, src=0)  # every rank builds exactly rank 0's model (attention, labels)
     config, generation_config = box[0]
     with torch.device("meta"):
         model = cls.from_config(config, dtype=torch.float32)
+        if lora is not None:
+            inject(model, lora)
     if generation_config is not None:  # save_pretrained writes it into checkpoints (their eos ids)
         model.generation_config = generation_config
-    shard(model, mesh, dtype, checkpointing, trainable, train_layers)
+    shard(model, mesh, dtype, checkpointing, trainable, train_layers, lora is not None)
     device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
     model.to_empty(device=device)
     set_model_state_dict(model, full.state_dict() if full is not None else {},
@@ -115,9 +126,12 @@ def freeze_below(model, train_layers: int) -> None:
 
 def full_tensors(model, dtype):
     """(name, full tensor) pairs of a sharded model, gathered one at a time (a collective: every rank
-    iterates the same names in the same order)."""
+    iterates the same names in the same order); under LoRA the base's names with the adapters merged."""
     from torch.distributed.tensor import DTensor
 
+    if lora_active(model):
+        yield from hf_tensors(model, dtype)
+        return
     for name, t in model.state_dict().items():
         t = t.detach().to(dtype)  # cast before gathering: a bf16 all-gather moves half the bytes of fp32
         yield name, t.full_tensor() if isinstance(t, DTensor) else t

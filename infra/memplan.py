@@ -28,6 +28,9 @@ The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
                                   the fp32 gradients accumulated between a mini-batch's reductions
   reference model          4P/W sharded (train.main reshards the frozen reference after scoring)
   critic                   the policy's first five rows again (PPO only; its head is one output)
+  LoRA (--lora-rank)       gradients, moments and the CPU's accumulated gradients count the adapters'
+                                  parameters only (infra/lora.py), the root has none, and there is no
+                                  reference model (the policy with its adapters off)
   LM-head slice            28 x n x V bytes, n = min(T, logit_elements // V) (batch.py): logits in c
                                   and fp32, logsumexp and softmax temporaries and their gradients
                                   (measured 29 bytes per slice element in bf16, 26 in fp32)
@@ -59,6 +62,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from batch import logit_elements
+from infra import lora
 
 GB, MB = 2**30, 2**20
 SLICE_BYTES = 28      # bytes per element of one LM-head slice at its peak (see the docstring)
@@ -156,29 +160,34 @@ def vllm_cpu_kv_gib(s: Shape, dtype: str, max_context: int, seqs: int, cap: int 
 
 def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl: bool, engine: str, device: str,
          gpu_gb: float = 80.0, gpu_util: float = 0.5, runtime: float = 0.0, max_context: int = 3072,
-         seqs: int = 16, critic: bool = False, grads_resident: bool = False) -> dict:
+         seqs: int = 16, critic: bool = False, grads_resident: bool = False, adapters: int = 0) -> dict:
     """Bytes per rank of each row, for the training phase, the rollout phase and loading (and, on GPU,
-    rank 0's host memory while it loads). `grads_resident`: gradients live through rollouts (--min-groups)."""
+    rank 0's host memory while it loads). `grads_resident`: gradients live through rollouts (--min-groups).
+    `adapters`: LoRA's trained parameters (infra/lora.py): gradients and moments only for them, the root
+    frozen, the KL's reference the policy itself."""
     c = 2 if dtype == "bfloat16" else 4
     P, W, T = s.params, world, tokens
+    G = adapters or P  # the parameters that get gradients and AdamW moments
     A = c * (8 * s.H + 3 * s.kv + 5 * s.I) + 16 * s.H           # activation bytes of one block, per token
     n = min(T, max(1, logit_elements(device) // s.V))
     acts = (s.L * T * s.H * c + 2 * T * A) if checkpointing else (s.L * T * A + T * A)
     state = {
         "sharded fp32 parameters (masters)": 4 * P / W,
-        "sharded fp32 gradients": 4 * P / W,
-        "AdamW moments (fp32)": 8 * P / W,
+        "sharded fp32 gradients": 4 * G / W,
+        "AdamW moments (fp32)": 8 * G / W,
     }
+    if adapters:  # the adapters themselves, on top of the frozen base's masters
+        state["sharded fp32 parameters (masters)"] += 4 * adapters / W
     train = {
         **state,
         "unsharded compute copies (root + 2 blocks)": c * (s.root + 2 * s.block),
         "unsharded root gradients (+ fp32 for reduce)":
-            s.root * (c + (4 if c != 4 else 0)) + (s.V * s.H * c if s.tied else 0),
+            0.0 if adapters else s.root * (c + (4 if c != 4 else 0)) + (s.V * s.H * c if s.tied else 0),
         # on CPU, train.update reduces gradients once a mini-batch: until then each rank accumulates them
         # unsharded, in fp32 (every parameter counted, trained or not: an upper bound)
-        "unsharded fp32 gradients, accumulated (CPU)": 4 * P if device == "cpu" else 0.0,
-        "reference model (sharded)": (4 * P / W) if kl else 0.0,
-        "critic (sharded state)": sum(state.values()) if critic else 0.0,
+        "unsharded fp32 gradients, accumulated (CPU)": 4 * G if device == "cpu" else 0.0,
+        "reference model (sharded)": (4 * P / W) if kl and not adapters else 0.0,
+        "critic (sharded state)": 16 * P / W if critic else 0.0,  # masters, gradients, moments: never LoRA
         f"LM-head slice ({n} tokens x {s.V})": SLICE_BYTES * n * s.V,
         f"activations ({T} tokens, {'checkpointing' if checkpointing else 'no checkpointing'})":
             acts + 3 * T * s.H * c,
@@ -307,7 +316,8 @@ def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None
     return plan(s, world, dtype, cfg.checkpointing if checkpointing is None else checkpointing, tokens,
                 cfg.kl_coef > 0, engine, device, gpu_gb=gpu_gb, gpu_util=getattr(cfg, "gpu_memory_utilization", 0.5),
                 runtime=runtime, max_context=cfg.max_context, seqs=seqs, critic=getattr(cfg, "algo", "") == "ppo",
-                grads_resident=getattr(cfg, "min_groups", 0) > 0)
+                grads_resident=getattr(cfg, "min_groups", 0) > 0,
+                adapters=lora.param_count(s, cfg.lora_rank, cfg.lora_targets) if getattr(cfg, "lora_rank", 0) else 0)
 
 
 def _engine(kind: str, device: str) -> str:
