@@ -70,7 +70,7 @@ import algorithms as A  # noqa: E402
 import config as configs  # noqa: E402
 import batch as batch_  # noqa: E402
 from infra import distributed  # noqa: E402
-from infra import memplan  # noqa: E402
+from infra import lora, memplan  # noqa: E402
 import train  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
 import plain_step  # noqa: E402  (bench/, the script's own folder)
@@ -216,6 +216,8 @@ def main() -> None:
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing in the policy")
     parser.add_argument("--train-layers", type=int, default=0,
                         help="train only the top N decoder blocks and the final norm (train.py --train-layers)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="train rank-R LoRA adapters instead of the weights (train.py --lora-rank; alpha 32)")
     parser.add_argument("--on-policy", action="store_true",
                         help="old=None to train.update: no old-logprob pass (train.py's ppo_epochs 1, mini_batches 1)")
     parser.add_argument("--episodes", type=int, default=16, help="episodes per step over all ranks")
@@ -251,7 +253,7 @@ def main() -> None:
 
     # train.py's defaults (the CPU preset) except for the flags above
     cfg = configs.Config(algo=args.algo, kl_coef=args.kl_coef, micro_tokens=args.micro_tokens, device="cpu",
-                         dtype=args.dtype, checkpointing=args.checkpointing,
+                         dtype=args.dtype, checkpointing=args.checkpointing, lora_rank=args.lora_rank,
                          tasks_per_step=max(1, args.episodes // args.samples), samples_per_task=args.samples)
     world_guess = int(os.environ.get("WORLD_SIZE", 1))
     if args.episodes % world_guess or args.episodes % args.samples:
@@ -282,10 +284,16 @@ def main() -> None:
     mem["plan"] = info["plan"] / 2**20
     load = lambda: AutoModelForCausalLM.from_pretrained(args.path, dtype=torch.float32)  # noqa: E731
     mesh = init_device_mesh("cpu", (world,))
-    policy = distributed.shard(load(), mesh, args.dtype, args.checkpointing, train_layers=args.train_layers)
+    model = load()
+    if args.lora_rank:  # train.py --lora-rank: adapters on every linear layer of a block (infra/lora.py)
+        lora.inject(model, lora.config(args.lora_rank, 32.0, 0.0, lora.TARGETS))
+    policy = distributed.shard(model, mesh, args.dtype, args.checkpointing, train_layers=args.train_layers,
+                               lora=bool(args.lora_rank))
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
-    ref = distributed.shard(load(), mesh, args.dtype, False, trainable=False) if cfg.kl_coef > 0 else None
+    ref = None
+    if cfg.kl_coef > 0:
+        ref = lora.Base(policy) if args.lora_rank else distributed.shard(load(), mesh, args.dtype, False, trainable=False)
     tokenizer = AutoTokenizer.from_pretrained(args.path)
     # random ids of the tokenizer but no special one, so no synthetic token is a role or end-of-turn marker
     special = set(tokenizer.all_special_ids)
@@ -297,6 +305,7 @@ def main() -> None:
     mem["loaded"] = maxrss_mb()
     plain = [] if rank == 0 and not args.no_plain else None
     params = sum(p.numel() for p in policy.parameters())  # DTensor.numel() is the global count
+    trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
 
     mine = episodes[rank * share:(rank + 1) * share]
     pad_id = tokenizer.pad_token_id or 0
@@ -335,7 +344,7 @@ def main() -> None:
     dist.all_gather_object(mems, mem)
     mine0 = episodes[:share]
     if rank == 0:
-        figures = dict(args=vars(args), world=world, params=params, phases=sums, memory=mems,
+        figures = dict(args=vars(args), world=world, params=params, trained=trained, phases=sums, memory=mems,
                        shared_prefix={str(k): v for k, v in by_variant.items()}, micro_shared=n_shared,
                        masked=masked, total=total, slots=slots, real=real, max_slots=max_slots,
                        micro_per_rank=n_micro, empty_micro=empty,
@@ -365,7 +374,7 @@ def report(args, f, config) -> None:
           f"{os.getloadavg()[0]:.1f}")
     old = "on-policy (old=None: no old-logprob pass)" if args.on_policy else "old logprobs scored before the update"
     print(f"# dtype {precision}; activation checkpointing {'on' if args.checkpointing else 'off'}; "
-          f"trained blocks {args.train_layers or 'all'}; {old}; "
+          f"trained blocks {args.train_layers or 'all'}{f', LoRA rank {args.lora_rank}' if args.lora_rank else ''}; {old}; "
           f"{args.algo}, kl_coef {args.kl_coef}{' (no reference model)' if not args.kl_coef else ''}; "
           f"engine {args.engine}; micro-batch budget {args.micro_tokens} tokens")
     print(f"# {args.episodes} synthetic episodes per step ({args.episodes // world} per rank; prompt ~{args.prompt}, "
