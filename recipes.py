@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+from envs import env_class
+
 def cpu(env: str | None = None) -> dict:
     """A few minutes on a laptop CPU with the tiny model: the machinery, not learning."""
     return dict(env=env) if env else {}
@@ -35,7 +37,6 @@ def smollm2(env: str | None = None) -> dict:
         return miniwob_recipe()
     if env == "sciworld":
         return sciworld_recipe()
-    from envs import env_class
     demos = 400 if hasattr(env_class(env), "expert") else 0  # an env without an expert: RL alone
     return dict(env=env, env_options='{"brief": true}' if env == "babyai" else "{}", model="smollm2", algo="grpo",
                   steps=12, tasks_per_step=8, samples_per_task=4, horizon="6,8@6", max_tokens=40, max_context=2048,

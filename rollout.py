@@ -34,7 +34,7 @@ from typing import Callable
 from infra import faults
 from infra.envcalls import abandoned, calls, replace_env
 from engine import Sample, Sampling, stop_ids
-from infra.framing import Framing
+from framing import Framing
 from gigpo import state_key
 
 REPLY, OBS = "<<REPLY-PLACEHOLDER>>", "<<OBSERVATION-PLACEHOLDER>>"

@@ -4,8 +4,8 @@ study is off. train.py, rollout.py, algorithms.py and batch.py name none of them
 
 | flag | what it changes | hook | published |
 |---|---|---|---|
-| --curriculum | a step's tasks: levels weighed by how often their groups were informative (infra/stepplan.py) | `tasks`, `observe` | docs/results.md (validation) |
-| --min-groups | the optimizer steps only once enough informative groups were added up (infra/stepplan.py) | `observe` | docs/results.md (validation) |
+| --curriculum | a step's tasks: levels weighed by how often their groups were informative (stepplan.py) | `tasks`, `observe` | docs/results.md (validation) |
+| --min-groups | the optimizer steps only once enough informative groups were added up (stepplan.py) | `observe` | docs/results.md (validation) |
 | --refusal-penalty | the training reward, less a penalty per turn the env refused | `rewards` | results/babyai-grpo-refusal-drgrpo |
 | --positive-only | the advantages' positive part only: a filtered self-imitation of the policy's wins | `advantages` | docs/results.md (validation) |
 | --bc-anchor | an imitation gradient beside RL's in every optimizer step (warmstart.Anchor) | `anchor` | results/babyai-grpo-anchor |
@@ -17,11 +17,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from infra.stepplan import Accumulation, Curriculum, informative_groups
+import warmstart
+from stepplan import Accumulation, Curriculum, informative_groups
 
 
 class Studies:
-    """The hooks of one run (`run` is run.Run; `from_run` builds them after its set-up)."""
+    """The hooks of one run (`run` is startup.Run; `from_run` builds them after its set-up)."""
 
     def __init__(self, cfg, curriculum: Curriculum | None = None, anchor=None):
         self.cfg, self.curriculum, self.anchor = cfg, curriculum, anchor
@@ -34,7 +35,6 @@ class Studies:
             if cfg.curriculum else None
         anchor = None
         if cfg.bc_anchor:
-            import warmstart  # it imports run.py, which builds this object: a circle
             anchor = warmstart.Anchor(run)
         return cls(cfg, curriculum, anchor)
 

@@ -5,7 +5,7 @@
     python train.py --env babyai --algo rloo                               # one process, same code
 
 Each rank owns a generator (vLLM, or transformers when vLLM is absent), a pool of environments and a
-shard of the policy, set up once by run.py. `main` is that set-up and a loop over `train_step`, whose body
+shard of the policy, set up once by startup.py. `main` is that set-up and a loop over `train_step`, whose body
 is one step of AgentGym-RL (section 3; ScalingInter-RL, section 3.3), numbered as in the README:
 
   1. the step's tasks and its turn budget (schedule.py), then the rollout (rollout.py): this rank's share
@@ -40,13 +40,13 @@ import torch.distributed as dist
 import algorithms as A
 import gigpo
 from batch import collate, forward, micro_batches, pad, score
-from infra import checkpoint
+from infra import checkpoint, lifeline
 from infra.distributed import all_max, all_sum, print0, sync
-from infra.runlog import log_episodes, log_outcomes, memory_metrics, trim_heap
-from infra.stepplan import rank_share, tasks_for_step
+from infra.runlog import log_episodes, log_outcomes, memory_metrics, rollout_metrics, trim_heap
+from stepplan import rank_share, tasks_for_step
 from infra.passes import Passes
 from rollout import play_rounds, rollout
-from run import Run, finish, setup
+from startup import Run, setup
 
 GAP_ALARM = 0.5  # mean |trainer - sampler| logprob per token above which a weight sync is suspect
 
@@ -145,9 +145,7 @@ def reduced(op):
     return reduce
 
 
-# ------------------------------------------------------------------ main
-
-# ------------------------------------------------------------------ the loop: set up once (run.py), then steps
+# ------------------------------------------------------------------ the loop: set up once (startup.py), then steps
 
 def main(argv=None):
     run = setup(argv)
@@ -157,7 +155,7 @@ def main(argv=None):
             break  # --rl-seconds ran out (the step saved)
     if run.log:
         print0(f"done: {run.out / 'metrics.jsonl'}, {run.out / 'reward.png'}")
-    finish(run.env_pool, run.threads, run.engine, run.log)
+    lifeline.finish(run.env_pool, run.threads, run.engine, run.log)
 
 
 def train_step(run: Run, step: int, first: dict) -> bool:
@@ -208,7 +206,7 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     # (6) log, evaluate on the validation split, checkpoint
     timing["time/step"] = time.perf_counter() - t0
     run.spent += timing["time/step"]
-    metrics = {**_rollout_metrics(episodes, horizon), **first, **extra,
+    metrics = {**rollout_metrics(episodes, horizon), **first, **extra,
                **({"shared_turns": batch["shared_turns"]} if "shared_turns" in batch else {})}
     log_step(run, step, metrics, stats, timing, evaluate=bool(
         cfg.eval_every and cfg.eval_tasks and ((step + 1) % cfg.eval_every == 0 or last)))
@@ -281,7 +279,7 @@ def save(run: Run, step: int) -> None:
         if run.rank == 0:
             print(f"\nerror: {exc}; {checkpoint.latest(root) or 'no earlier checkpoint'} is intact. "
                   "Free space or fix --out, then rerun with --resume", file=sys.stderr, flush=True)
-        finish(run.env_pool, run.threads, run.engine, None, code=1)  # no plots: the disk may refuse them too
+        lifeline.finish(run.env_pool, run.threads, run.engine, None, code=1)  # no plots: the disk may refuse them too
     print0(f"\nsaved checkpoint step {step + 1} in {time.perf_counter() - t:.1f}s -> {root / 'latest'}")
 
 
@@ -312,19 +310,6 @@ def quick_eval(run: Run, step: int, name: str = "eval") -> dict:
     log_outcomes(run.out / "evals.jsonl", step, name, eps, run.env_pool[0].subtask, turns)  # the curve, per task
     reward, success, n = all_sum(sum(e.reward for e in eps), sum(e.success for e in eps), len(mine))
     return {f"{name}/reward": reward / max(n, 1), f"{name}/success": success / max(n, 1)}
-
-
-def _rollout_metrics(episodes, horizon: int) -> dict:
-    rows = [(e.reward, e.success, e.turns, sum(e.mask), e.end, e.refused) for e in episodes]
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, rows)
-    rows = [r for part in gathered for r in part]
-    n = len(rows)
-    ends = {k: sum(r[4] == k for r in rows) / n for k in ("done", "horizon", "context", "env_error")}
-    return {"reward": sum(r[0] for r in rows) / n, "success": sum(r[1] for r in rows) / n,
-            "turns": sum(r[2] for r in rows) / n, "response_tokens": sum(r[3] for r in rows) / n,
-            "refused": sum(r[5] for r in rows) / max(sum(r[2] for r in rows), 1),  # share of turns
-            "horizon": horizon, **{f"end/{k}": v for k, v in ends.items()}}
 
 
 if __name__ == "__main__":

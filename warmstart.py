@@ -35,7 +35,7 @@ from infra import checkpoint, lora
 
 from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad
 from infra.distributed import all_max, all_sum, print0
-from infra.framing import Framing
+from framing import Framing
 from rollout import Episode, Expert, Play, play_rounds
 
 

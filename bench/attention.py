@@ -1,5 +1,5 @@
 """The continuations' attention of the shared-prefix update on CPU, side by side: one masked SDPA call
-over [prefix, own] keys (what prefix.py ran before, and still runs off CPU) against prefix.TailAttention
+over [prefix, own] keys (what infra/prefix.py ran before, and still runs off CPU) against prefix.TailAttention
 (two flash calls without a mask, merged by log-sum-exp). Forward plus backward, SmolLM2's 9 heads of 64
 (its 3 key/value heads repeated, as the model does), the same inputs, alternated, one thread.
 
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import prefix  # noqa: E402
+from infra import prefix  # noqa: E402
 from bench.machine import cpu_name  # noqa: E402
 
 

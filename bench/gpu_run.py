@@ -6,7 +6,7 @@
 Part A, the machinery on one GPU with the tiny model: train.py under torchrun (FSDP2 over NCCL, bf16 mixed
 precision, the transformers engine: the GPU image has no vLLM), a checkpoint written and resumed,
 evaluate.py on the checkpoint, the GPU's peak memory (torch.cuda.max_memory_allocated, logged by
-runlog.memory_metrics) beside memplan's plan for the same run, tests/gpu_run.py (vLLM's GPU call sequence
+runlog.memory_metrics) beside memplan's plan for the same run, tests/support/gpu_run.py (vLLM's GPU call sequence
 around a stand-in), and two ranks on one GPU (--device auto must fall back to the CPU, not crash).
 
 Part B, the BabyAI recipe (recipes.smollm2) at GPU scale in one call of at most 570 s, every phase bounded
@@ -153,7 +153,7 @@ def part_a(out: Path, dry: bool, phases: Phases) -> dict:
                                      "--max-tokens", "16", "--out", out / "a-eval"))
     (out / "a-standin-calls").mkdir(exist_ok=True)
     # vLLM's GPU call sequence around a stand-in; as on the GPU image, without vLLM installed
-    phases.run("a4-standin", launch("tests/gpu_run.py", *common[:-1], out / "a-standin", "--steps", "2"),
+    phases.run("a4-standin", launch("tests/support/gpu_run.py", *common[:-1], out / "a-standin", "--steps", "2"),
                env={"GPU_STANDIN_LOG": str(out / "a-standin-calls"), "GPU_STANDIN_WITHOUT_VLLM": "1"})
     # two ranks on one GPU: --device auto must choose the CPU (each rank would otherwise claim GPU 1)
     phases.run("a5-two-ranks", launch("train.py", "--env", "textcraft", "--steps", "1", "--horizon", "2",

@@ -11,7 +11,7 @@ Models (`--model`: tiny, small, bigvocab, smollm2) and the synthetic episodes' l
 `--turns`, `--reply`, `--obs`, `--done-share`; defaults follow the model): bench/workload.py.
 
 The step is train.py's, phases (2) to (6), built from train.py's own functions (`shard`, `update`,
-`global_advantages`, `sync`, `full_tensors`, `_rollout_metrics`, `all_sum`) and batch.py's (`collate`,
+`global_advantages`, `sync`, `full_tensors`, `runlog.rollout_metrics`, `all_sum`) and batch.py's (`collate`,
 `micro_batches`, `pad`, `score`); the rollout (1) is replaced by synthetic episodes, since
 bench/rollout.py measures it. `--dtype` is the compute dtype handed to `distributed.shard` (bfloat16: FSDP2's
 MixedPrecisionPolicy, bf16 parameters and fp32 gradient reduction over fp32 masters) and the engine's
@@ -70,7 +70,7 @@ import algorithms as A  # noqa: E402
 import config as configs  # noqa: E402
 import batch as batch_  # noqa: E402
 from infra import distributed  # noqa: E402
-from infra import lora, memplan  # noqa: E402
+from infra import lora, memplan, runlog  # noqa: E402
 import train  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
 import plain_step  # noqa: E402  (bench/, the script's own folder)
@@ -164,7 +164,7 @@ def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world,
         train.sync(engine, policy, getattr(torch, args.dtype))
     t = lap("sync", t)
     # (6) the reductions of train.main's logging: rollout metrics, loss terms, one all_sum per timing
-    train._rollout_metrics(episodes, args.turns)
+    runlog.rollout_metrics(episodes, args.turns)
     keys = ("loss", "kl", "entropy", "clip_frac", "value_loss")
     distributed.all_sum(*(stats[k] for k in keys))
     for v in list(times.values()) + [0.0, 0.0, 0.0, 0.0]:  # + time/generate, env, other, step

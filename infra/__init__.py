@@ -1,6 +1,6 @@
 """The machinery the trainer needs, apart from the algorithm it runs: processes and shards
 (distributed.py), crash-safe checkpoints (checkpoint.py), the memory plan (memplan.py), the launcher
 that names a dead rank's cause (lifeline.py), fault points for the crash tests (faults.py), the run's
-logs (runlog.py) and their trackers (trackers.py), what one step plays on which rank (stepplan.py), how an
-episode's prompt opens (framing.py), the project's own decode loop (decode.py), the generator's contract
-(samples.py) and how the update's passes run (passes.py). Nothing here imports lab/: a run writes files, and the study reads them."""
+logs (runlog.py) and their trackers (trackers.py), the shared-prefix forward (prefix.py), LoRA's adapters
+(lora.py), the project's own decode loop (decode.py), the generator's contract (samples.py) and how the
+update's passes run (passes.py). Nothing here imports lab/: a run writes files, and the study reads them."""

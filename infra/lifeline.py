@@ -28,7 +28,11 @@ import threading
 import time
 from pathlib import Path
 
+import torch.distributed as dist
+
 from infra import console
+from infra.distributed import print0
+from infra.envcalls import abandoned
 
 GB = 2**30
 BEAT = 1.0  # seconds between heartbeats and peer checks
@@ -207,6 +211,33 @@ def peak_report() -> str:
     plan = _STATE.get("plan")
     text = ", ".join(f"{p / GB:.2f}" for p in peaks)
     return f"peak resident memory per rank: {text} GB" + (f" (planned peak {plan / GB:.2f} GB)" if plan else "")
+
+
+def finish(env_pool, threads, engine, log, code: int = 0) -> None:
+    """The end of a training run: close everything on every rank and end the process with `code` (a collective)."""
+    stop()
+    if not code:
+        print0(peak_report())
+    if log:
+        log.close()
+    for env in env_pool:
+        env.close()
+    threads.shutdown(wait=not abandoned(), cancel_futures=True)
+    try:
+        dist.barrier()
+    except RuntimeError:  # stopping on an error, a peer may be gone already: exit all the same
+        if not code:
+            raise
+    if hasattr(engine, "close"):
+        engine.close()
+    if dist.is_initialized():  # vLLM's shutdown may already have destroyed the default group
+        dist.destroy_process_group()
+    if abandoned():  # an env call that never returned holds a thread the interpreter would wait for at exit
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        raise SystemExit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

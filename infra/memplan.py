@@ -62,7 +62,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from batch import logit_elements
+from engine import engine_kind
 from infra import lora
+from models import tiny
 
 GB, MB = 2**30, 2**20
 SLICE_BYTES = 28      # bytes per element of one LM-head slice at its peak (see the docstring)
@@ -139,7 +141,6 @@ def model_config(name: str) -> dict:
     if name == "smollm2":
         return BUILTIN["smollm2-135m"]
     if name == "tiny":
-        from models import tiny
         return dict(tiny.MODEL, vocab_size=tiny.VOCAB_SIZE, model_type="qwen2")
     path = Path(name)
     if path.is_dir():
@@ -321,7 +322,6 @@ def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None
 
 
 def _engine(kind: str, device: str) -> str:
-    from engine import engine_kind
     return engine_kind(kind, device)
 
 

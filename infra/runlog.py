@@ -19,6 +19,8 @@ import resource
 import time
 from pathlib import Path
 
+import torch.distributed as dist
+
 from infra.trackers import Trackers, chosen
 
 
@@ -229,7 +231,7 @@ def log_episodes(out: str | Path, step: int, cfg, episodes, batch: dict, adv, to
 
 class RunLog:
     """Rank 0's record of a run in `out`: each step's row of metrics.jsonl, the same numbers to the trackers
-    that config.json's report_to names (run.py writes config.json first), the progress bar."""
+    that config.json's report_to names (startup.py writes config.json first), the progress bar."""
 
     def __init__(self, out: str | Path, total_steps: int, start_step: int, schedule):
         from tqdm import tqdm
@@ -292,3 +294,18 @@ def plot_rewards(metrics_file: Path, png: Path, schedule) -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     plt.close(fig)
+
+
+def rollout_metrics(episodes, horizon: int) -> dict:
+    """The step's episodes over all ranks (a collective): mean reward, success, turns, reply tokens, the share
+    of refused turns, and how episodes ended."""
+    rows = [(e.reward, e.success, e.turns, sum(e.mask), e.end, e.refused) for e in episodes]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, rows)
+    rows = [r for part in gathered for r in part]
+    n = len(rows)
+    ends = {k: sum(r[4] == k for r in rows) / n for k in ("done", "horizon", "context", "env_error")}
+    return {"reward": sum(r[0] for r in rows) / n, "success": sum(r[1] for r in rows) / n,
+            "turns": sum(r[2] for r in rows) / n, "response_tokens": sum(r[3] for r in rows) / n,
+            "refused": sum(r[5] for r in rows) / max(sum(r[2] for r in rows), 1),  # share of turns
+            "horizon": horizon, **{f"end/{k}": v for k, v in ends.items()}}

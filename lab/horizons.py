@@ -27,6 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from lab.results import _jsonl, publish
+from schedule import parse as schedule
 from lab.stats import clustered_se, paired_table, task_means
 
 LAUNCH = [sys.executable, "-m", "infra.lifeline", "--standalone", "--nproc_per_node"]
@@ -51,7 +52,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--nproc", type=int, default=2)
     a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     a.arms = dict(arm.split("=", 1) for arm in a.arms)
-    from schedule import parse as schedule
     try:
         parsed = [schedule(h) for h in a.arms.values()]
     except ValueError as exc:
@@ -94,7 +94,6 @@ def run(a: argparse.Namespace, extra: list[str]) -> None:
 
 def shared_steps(first: str, second: str, steps: int) -> int:
     """How many leading steps two --horizon schedules give the same turn budget."""
-    from schedule import parse as schedule
 
     s1, s2 = schedule(first), schedule(second)
     return next((k for k in range(steps) if s1(k) != s2(k)), steps)

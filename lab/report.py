@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from lab import runreport
+from lab.results import publish, render, seeds_table, unpack
 from lab.stats import compare, load_evals, paired_table
 
 
@@ -34,7 +36,6 @@ def main(args: list[str]) -> None:
     if any(a in ("-h", "--help") for a in args) or not args:
         raise SystemExit(USAGE)
     if args[0] == "--publish":
-        from lab.results import publish
         rest, control = args[3:], None
         if rest[:1] == ["--control"] and len(rest) > 1:
             rest, control = rest[2:], Path(rest[1])
@@ -43,20 +44,16 @@ def main(args: list[str]) -> None:
         evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in rest)]
         print(publish(None if args[1] == "-" else Path(args[1]), Path(args[2]), evals, control=control), end="")
     elif args[0] == "--unpack" and len(args) == 3:
-        from lab.results import unpack
         print(f"unpacked {args[1]} into {unpack(Path(args[1]), Path(args[2]))}")
     elif "=" not in args[0] and (Path(args[0]) / "metrics.jsonl").exists() and all("=" in a for a in args[1:]):
-        from lab import runreport
         evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in args[1:])]
         print(f"report: {runreport.write(Path(args[0]), evals)}")
     elif len(args) > 1 and all((Path(a) / "manifest.json").exists() for a in args):
-        from lab.results import seeds_table  # one recipe's result folders, one per seed
         print(seeds_table([Path(a) for a in args]), end="")
     elif len(args) == 1 and "=" not in args[0]:
         if not (Path(args[0]) / "manifest.json").exists():
             raise SystemExit(f"error: {args[0]} has no manifest.json: not a result folder (make one with --publish); "
                              "nor a run directory (no metrics.jsonl)")
-        from lab.results import render
         print(render(Path(args[0])), end="")
     elif all("=" in a for a in args):
         results, records = load_evals([(label, Path(d)) for label, d in (a.split("=", 1) for a in args)])

@@ -23,8 +23,11 @@ import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from lab.stats import (clustered_se, k_values, naive_se, paired, paired_cells, paired_columns, paired_table, pairs,
-                       progress, score_stats, scored, stats, summarize, task_means)
+from envs import parse_action
+from envs.webarena import _BLOCK
+from infra.runlog import provenance
+from lab.stats import (clustered_se, k_values, load_transcripts, naive_se, paired, paired_cells, paired_columns,
+                       paired_table, pairs, progress, score_stats, scored, stats, summarize, task_means)
 
 RUN_FILES = ("config.json", "metrics.jsonl", "evals.jsonl", "provenance.jsonl", "warmstart.jsonl")
 OUTCOME_KEYS = ("task_id", "subtask", "sample", "budget", "reward", "success", "turns", "end")
@@ -56,11 +59,9 @@ def reply_action(text: str, env: str = "") -> str:
     """The action of an assistant reply as `env` reads it ("" when it has none): the first ```block``` in
     the web envs, the first line after `Action:` in the others."""
     if env in WEB_ENVS:
-        from envs.webarena import _BLOCK
 
         match = _BLOCK.search(text)
         return match[1].strip() if match else ""
-    from envs import parse_action
 
     action, error = parse_action(text)
     return "" if error else action
@@ -114,8 +115,6 @@ def publish(run_dir: Path | None, dest: Path, evals: list[tuple[str, Path]], kee
     """Copy the evidence of a run and its evaluations into `dest` (the files listed at the top) and
     write tables.md; returns the tables. Refuses a `dest` that holds files; removes what it wrote when
     the folder ends up over `limit` bytes, and says which files are the largest."""
-    from lab.stats import load_transcripts
-    from infra.runlog import provenance
 
     if dest.exists() and any(dest.iterdir()):
         raise SystemExit(f"error: {dest} holds files already; remove it or choose another name")
@@ -178,7 +177,6 @@ def unpack(folder: Path, dest: Path) -> Path:
     and results.json recomputed from them (lab.stats.summarize, as evaluate.py does). run.sh uses it for
     the untrained model, evaluated once for all seeds: a later seed's folder cites seed 0's evaluation
     instead of spending half an hour sampling it again."""
-    from lab.stats import load_transcripts
 
     if (dest / "results.json").exists():
         raise SystemExit(f"error: {dest} holds an evaluation already; remove it or choose another name")

@@ -10,6 +10,8 @@ command-line name to a directory; anything else (an HF name, a path) passes thro
 from __future__ import annotations
 
 from models.cache import cache_root  # noqa: F401  (where the built models live)
+from models.smollm2 import smollm2_dir
+from models.tiny import tiny_model_dir
 
 BUILT = ("tiny", "smollm2")  # names built offline; anything else is an HF name or a directory
 
@@ -18,9 +20,7 @@ def resolve_model(name: str) -> str:
     """`tiny` -> the built tiny model directory, `smollm2` -> the converted SmolLM2 directory (built on
     first use); anything else (HF name or path) unchanged."""
     if name == "smollm2":
-        from models.smollm2 import smollm2_dir
         return smollm2_dir()
     if name == "tiny":
-        from models.tiny import tiny_model_dir
         return tiny_model_dir()
     return name

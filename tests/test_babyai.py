@@ -19,7 +19,7 @@ import pytest
 
 from envs import Env, make
 from envs.babyai import LEVELS, TEST_SEEDS, plan_to_face
-from tests.adversarial import adversarial_replies
+from tests.support.adversarial import adversarial_replies
 
 COLORS = "red|green|blue|purple|yellow|grey"
 REFUSED = re.compile(r"'.*' is not a recognised|You cannot (move|drop|pick|open|go|toggle)|You are already"

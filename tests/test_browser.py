@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from envs import browser, make
-from tests.adversarial import adversarial_replies
+from tests.support.adversarial import adversarial_replies
 from tests.test_webarena import LINE, Agent, solve
 
 SCRIPTED = [("shopping", "buy"), ("shopping", "order_total"), ("shopping_admin", "set_price"),

@@ -152,8 +152,8 @@ def test_checkpoint_paths_resolve_to_the_policy(tmp_path):
     shutil.copytree(tiny.tiny_model_dir(), policy)
     (tmp_path / "run" / "checkpoints" / "latest").write_text("step_000002\n")
     for given in ("run", "run/checkpoints", "run/checkpoints/step_000002", "run/checkpoints/step_000002/policy"):
-        assert E.resolve_model(str(tmp_path / given)) == str(policy)
-    assert E.resolve_model("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
+        assert E.policy_dir(str(tmp_path / given)) == str(policy)
+    assert E.policy_dir("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
     assert E.check(E.parse(["--model", str(tmp_path / "run"), "--out", str(tmp_path / "o")])) is None
     (tmp_path / "run" / "checkpoints" / "latest").write_text("step_000009")  # points at nothing
     assert "no config.json" in E.check(E.parse(["--model", str(tmp_path / "run")]))

@@ -23,7 +23,7 @@ from infra import checkpoint
 import engine as engines
 from models import tiny
 from rollout import ChatFormat, Play, rollout
-from tests import faulty
+from tests.support import faulty
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ["--engine", "hf", "--horizon", "2", "--tasks-per-step", "2", "--samples-per-task", "4", "--max-tokens", "6"]
@@ -66,7 +66,7 @@ def test_rollout_gives_up_on_a_hung_reset_and_the_rest_play_on():
 
 @pytest.mark.slow
 def test_training_survives_a_hung_reset_and_exits(tmp_path):
-    proc = run(["--env", "tests.faulty:HangingReset", *TOY, "--steps", "2", "--env-timeout", "3",
+    proc = run(["--env", "tests.support.faulty:HangingReset", *TOY, "--steps", "2", "--env-timeout", "3",
                 "--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-4000:]
     first, second = rows(tmp_path)
@@ -77,7 +77,7 @@ def test_training_survives_a_hung_reset_and_exits(tmp_path):
 
 @pytest.mark.slow
 def test_training_survives_a_sciworld_jvm_killed_mid_rollout(tmp_path):
-    proc = run(["--env", "tests.faulty:JVMKilledSciWorld", "--engine", "hf", "--horizon", "2", "--tasks-per-step",
+    proc = run(["--env", "tests.support.faulty:JVMKilledSciWorld", "--engine", "hf", "--horizon", "2", "--tasks-per-step",
                 "2", "--samples-per-task", "2", "--max-tokens", "12", "--steps", "2", "--out", str(tmp_path)], nproc=1)
     assert proc.returncode == 0, proc.stderr[-4000:]
     first, second = rows(tmp_path)
@@ -88,7 +88,7 @@ def test_training_survives_a_sciworld_jvm_killed_mid_rollout(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_disk_full_at_checkpoint_stops_every_rank_and_keeps_the_previous_one(tmp_path, rank):
-    args = ["--env", "tests.toy:Digits", *TOY, "--steps", "3", "--save-every", "1", "--out", str(tmp_path)]
+    args = ["--env", "tests.support.toy:Digits", *TOY, "--steps", "3", "--save-every", "1", "--out", str(tmp_path)]
     t = time.monotonic()
     proc = run(args, fault=f"disk_full:2:{rank}")  # the second checkpoint's writes fail on this rank
     took = time.monotonic() - t
@@ -110,7 +110,7 @@ def test_disk_full_at_checkpoint_stops_every_rank_and_keeps_the_previous_one(tmp
 
 
 def test_unwritable_run_directory_is_a_one_line_error_before_start_up():
-    proc = subprocess.run([sys.executable, "train.py", "--env", "tests.toy:Digits", "--out", "/proc/no/such/run"],
+    proc = subprocess.run([sys.executable, "train.py", "--env", "tests.support.toy:Digits", "--out", "/proc/no/such/run"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]

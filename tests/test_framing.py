@@ -17,14 +17,14 @@ import pytest
 import config as configs
 import engine as engines
 import evaluate as E
-from infra import framing
+import framing
 from models import tiny
 from batch import collate
 from envs.textcraft import TextCraft
-from infra.framing import ACKNOWLEDGEMENT, Framing
+from framing import ACKNOWLEDGEMENT, Framing
 from rollout import ChatFormat, Play, rollout
 from tests.test_rollout import Recorder, eos_prone_state, runs, tokenizer_for
-from tests.toy import Digits
+from tests.support.toy import Digits
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from infra import lora, memplan
 from models import resolve_model
 
 ROOT = Path(__file__).resolve().parent.parent
-ARGS = ["--env", "tests.toy:Digits", "--engine", "hf", "--save-every", "1", "--horizon", "2", "--tasks-per-step", "2",
+ARGS = ["--env", "tests.support.toy:Digits", "--engine", "hf", "--save-every", "1", "--horizon", "2", "--tasks-per-step", "2",
         "--samples-per-task", "4", "--max-tokens", "6", "--seed", "5", "--lora-rank", "4", "--lora-alpha", "8",
         "--kl-coef", "0.05", "--lr", "0.01"]
 

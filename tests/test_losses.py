@@ -12,7 +12,7 @@ import torch
 
 import algorithms as A
 
-from tests.float64 import NAN, close, float64_default, t  # noqa: F401 (an autouse fixture)
+from tests.support.float64 import NAN, close, float64_default, t  # noqa: F401 (an autouse fixture)
 
 
 # ------------------------------------------------------------------ losses by hand

@@ -30,7 +30,7 @@ def test_two_launchers_as_two_nodes_train_and_checkpoint(tmp_path):
     launchers = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
          "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", str(port),
-         "train.py", "--env", "tests.toy:Digits", "--engine", "hf", "--steps", "2", "--horizon", "2",
+         "train.py", "--env", "tests.support.toy:Digits", "--engine", "hf", "--steps", "2", "--horizon", "2",
          "--tasks-per-step", "2", "--samples-per-task", "2", "--max-tokens", "6", "--checkpoint-format", "sharded",
          "--out", str(out)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]

@@ -1,4 +1,4 @@
-"""The shared-prefix update (prefix.py) is exact: its logprobs, loss and gradients equal the plain padded
+"""The shared-prefix update (infra/prefix.py) is exact: its logprobs, loss and gradients equal the plain padded
 computation's, float32 (tight) and bfloat16 (bf16 rounding), for every estimator, with and without
 activation checkpointing, in one process and under FSDP2 on 2 gloo ranks. Also: the packed layout
 rebuilds every row, the group-aware micro-batches respect their budget, and the sliced LM head's custom
@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, 
 import algorithms as A
 import batch as B
 import config as configs
-import prefix
+from infra import prefix
 import train
 from rollout import Episode
 from models.tiny import tiny_model_dir

@@ -19,7 +19,7 @@ import torch
 from infra import checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
-ARGS = ["--env", "tests.toy:Digits", "--engine", "hf", "--steps", "5", "--save-every", "1", "--horizon", "2",
+ARGS = ["--env", "tests.support.toy:Digits", "--engine", "hf", "--steps", "5", "--save-every", "1", "--horizon", "2",
         "--tasks-per-step", "2", "--samples-per-task", "4", "--max-tokens", "6", "--mini-batches", "2", "--seed", "3",
         "--curriculum"]  # its weights replay from RUN/curriculum.jsonl on resume (stepplan.py)
 

@@ -7,7 +7,7 @@ from transformers import AutoTokenizer
 import engine as engines
 from models import tiny
 from rollout import ChatFormat, Play, rollout
-from tests.toy import Digits, Exploding
+from tests.support.toy import Digits, Exploding
 
 LLAMA3 = ("{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
           "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"

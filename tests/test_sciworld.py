@@ -38,8 +38,8 @@ from envs import Env, agentgym_action, make, parse_action
 from envs.sciworld import CODES, NUM_TASKS, OFFSETS, TASK_TYPES, SciWorld, chosen_kinds, split_ids
 from rollout import ChatFormat
 from models.smollm2 import smollm2_dir
-from tests.adversarial import adversarial_replies
-from tests.faulty import JVMKilledAtExpert
+from tests.support.adversarial import adversarial_replies
+from tests.support.faulty import JVMKilledAtExpert
 
 SLOW = {"mendelian-genetics-known-plant", "mendelian-genetics-unknown-plant"}
 

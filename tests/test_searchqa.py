@@ -10,7 +10,7 @@ import pytest
 
 from envs import Env, make, searchqa
 from envs.searchqa import INVALID, exact_match, normalize_answer, split_contents
-from tests.adversarial import adversarial_replies
+from tests.support.adversarial import adversarial_replies
 
 
 @pytest.fixture(scope="module")

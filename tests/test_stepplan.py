@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from infra.stepplan import rank_share, tasks_for_step
+from stepplan import rank_share, tasks_for_step
 
 
 @pytest.mark.parametrize("tasks, samples, world", [(8, 8, 2), (8, 4, 2), (3, 6, 3), (4, 3, 2), (5, 2, 1)])
@@ -26,7 +26,7 @@ def test_tasks_are_a_pure_function_of_the_step_and_cover_an_epoch():
 
 
 def test_curriculum_favours_levels_with_informative_groups_and_replays_on_resume(tmp_path):
-    from infra.stepplan import Curriculum
+    from stepplan import Curriculum
 
     ids = list(range(400))
     level = lambda t: f"L{t % 4}"  # noqa: E731  four levels of 100 tasks
@@ -54,7 +54,7 @@ def test_curriculum_favours_levels_with_informative_groups_and_replays_on_resume
 
 
 def test_accumulation_steps_once_enough_groups_were_informative_and_always_at_a_checkpoint():
-    from infra.stepplan import Accumulation, informative_groups
+    from stepplan import Accumulation, informative_groups
 
     rows = [(0, 1.0), (0, 0.0), (1, 0.0), (1, 0.0), (2, 0.3), (2, 0.3 + 1e-6)]
     assert informative_groups(rows, 4) == [True, False, True, False]  # group 3 has no episode here

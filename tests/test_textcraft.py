@@ -17,7 +17,7 @@ import pytest
 
 import envs
 from envs.textcraft import MAX_COUNT, TextCraft, display
-from tests.adversarial import adversarial_replies
+from tests.support.adversarial import adversarial_replies
 
 COMMAND = re.compile(r"craft (\d+) (.+?) using (.+)")
 

@@ -27,7 +27,7 @@ def train(tmp_path_factory, report_to: str):
     if report_to not in RUNS:
         out = tmp_path_factory.mktemp("run")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "TRACKIO_"))}  # the defaults
-        proc = subprocess.run([sys.executable, "train.py", "--env", "tests.toy:Digits", "--steps", "2", "--engine",
+        proc = subprocess.run([sys.executable, "train.py", "--env", "tests.support.toy:Digits", "--steps", "2", "--engine",
                                "hf", "--max-tokens", "6", "--eval-every", "2", "--eval-tasks", "2",
                                "--report-to", report_to, "--out", str(out)],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -103,7 +103,7 @@ def test_wandb_writes_an_offline_run_in_the_run_folder(tmp_path_factory):
         for key, value in row.items():
             if key != "step":
                 assert same(history[row["step"]][key], value), (key, row["step"])
-    assert configs["report_to"] == "wandb" and configs["env"] == "tests.toy:Digits"
+    assert configs["report_to"] == "wandb" and configs["env"] == "tests.support.toy:Digits"
 
 
 def test_trackio_keeps_its_database_in_the_run_folder(tmp_path_factory):

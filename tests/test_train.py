@@ -84,7 +84,7 @@ def test_bad_config_stops_before_start_up_with_one_line(tmp_path):
 @pytest.mark.parametrize("algo", ["grpo", "rloo", "reinforce++", "ppo", "gigpo"])
 def test_two_steps_of_each_algorithm_save_and_resume(tmp_path, algo):
     out = tmp_path / algo
-    common = ["--env", "tests.toy:Digits", "--algo", algo, "--horizon", "1,2,3@1", "--max-tokens", "8",
+    common = ["--env", "tests.support.toy:Digits", "--algo", algo, "--horizon", "1,2,3@1", "--max-tokens", "8",
               "--out", str(out), "--tasks-per-step", "2", "--samples-per-task", "4", "--mini-batches", "2"]
     torchrun(common + ["--steps", "2", "--save-every", "1"])
     rows = metrics(out)
@@ -108,7 +108,7 @@ def test_two_steps_of_each_algorithm_save_and_resume(tmp_path, algo):
 @pytest.mark.slow
 def test_grpo_learns_a_toy_task(tmp_path):
     """From a random tiny model, reward near 0 (digit share of random tokens) to well above 0.5."""
-    torchrun(["--env", "tests.toy:Digits", "--env-options", '{"turns": 1}', "--steps", "40", "--horizon", "1",
+    torchrun(["--env", "tests.support.toy:Digits", "--env-options", '{"turns": 1}', "--steps", "40", "--horizon", "1",
               "--tasks-per-step", "8", "--samples-per-task", "8", "--max-tokens", "4", "--kl-coef", "0",
               "--lr", "1e-2", "--eval-every", "20", "--eval-tasks", "8", "--out", str(tmp_path)])
     rows = metrics(tmp_path)
@@ -125,7 +125,7 @@ def test_grpo_learns_a_toy_task(tmp_path):
 def test_synced_weights_reach_the_engine(engine, nproc):
     if engine == "vllm":
         pytest.importorskip("vllm")
-    proc = torchrun([engine], nproc=nproc, script="tests/sync_check.py")
+    proc = torchrun([engine], nproc=nproc, script="tests/support/sync_check.py")
     diff = float(proc.stdout.split("max logprob diff:")[1].split()[0])
     assert diff < 1e-4
 
@@ -141,7 +141,7 @@ def test_one_step_on_a_real_env_whose_imports_load_numba(tmp_path):
 
 
 def test_plain_python_runs_the_same_code_as_one_rank(tmp_path):
-    proc = subprocess.run([sys.executable, "train.py", "--env", "tests.toy:Digits", "--steps", "1", "--engine", "hf",
+    proc = subprocess.run([sys.executable, "train.py", "--env", "tests.support.toy:Digits", "--steps", "1", "--engine", "hf",
                            "--max-tokens", "6", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -165,11 +165,11 @@ def test_agentgym_tasks_file_and_framing_train_one_step(tmp_path):
 
 def standin_run(args, log_dir, nproc=2):
     """train.py under torchrun with every rank's generator a VLLMEngine in GPU mode around a CPU stand-in
-    for vLLM (tests/gpu_standin.py): sleep level 2 discards weights and KV cache, generate refuses to run
+    for vLLM (tests/support/gpu_standin.py): sleep level 2 discards weights and KV cache, generate refuses to run
     on either while it sleeps, every request carries its own seed. Returns (stdout, [calls of each rank])."""
     log_dir.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
-           "tests/gpu_run.py", *args]
+           "tests/support/gpu_run.py", *args]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "GPU_STANDIN_LOG": str(log_dir)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -212,7 +212,7 @@ def test_no_two_replies_of_a_run_share_a_seed_when_groups_span_ranks(tmp_path):
     first got the same seed for the same task, and GRPO compared two identical samples. Every request
     of every step and turn, on every rank, now has a seed of its own."""
     pytest.importorskip("vllm")
-    _, calls = standin_run(["--env", "tests.toy:Digits", "--steps", "2", "--horizon", "2", "--tasks-per-step", "1",
+    _, calls = standin_run(["--env", "tests.support.toy:Digits", "--steps", "2", "--horizon", "2", "--tasks-per-step", "1",
                             "--samples-per-task", "4", "--max-tokens", "6", "--out", str(tmp_path / "run")],
                            tmp_path / "calls")
     seeds = [s for rank_calls in calls for c in rank_calls if c["call"] == "generate" for s in c["seeds"]]
@@ -228,7 +228,7 @@ def test_held_back_steps_keep_the_weights_and_the_gpu_engine_generating(tmp_path
     sampler's logprobs match the trainer's at every step: the weights did not move in between."""
     pytest.importorskip("vllm")
     out = tmp_path / "run"
-    _, calls = standin_run(["--env", "tests.toy:Digits", "--steps", "3", "--horizon", "2", "--tasks-per-step", "2",
+    _, calls = standin_run(["--env", "tests.support.toy:Digits", "--steps", "3", "--horizon", "2", "--tasks-per-step", "2",
                             "--samples-per-task", "2", "--max-tokens", "6", "--min-groups", "100", "--out", str(out)],
                            tmp_path / "calls")
     rows = metrics(out)
@@ -250,7 +250,7 @@ def test_rl_seconds_ends_the_run_with_a_saved_last_step(tmp_path):
     """--rl-seconds (a GPU lent for minutes): the step during which the time runs out is the last one,
     and it saves like the last step of --steps, so the run can be evaluated and resumed."""
     out = tmp_path / "run"
-    proc = torchrun(["--env", "tests.toy:Digits", "--steps", "50", "--rl-seconds", "0.01", "--horizon", "1",
+    proc = torchrun(["--env", "tests.support.toy:Digits", "--steps", "50", "--rl-seconds", "0.01", "--horizon", "1",
                      "--max-tokens", "6", "--tasks-per-step", "2", "--samples-per-task", "2", "--out", str(out)])
     assert [r["step"] for r in metrics(out)] == [0]
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"

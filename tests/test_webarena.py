@@ -11,7 +11,7 @@ import re
 import pytest
 
 from envs import Env, make
-from tests.adversarial import adversarial_replies
+from tests.support.adversarial import adversarial_replies
 
 LINE = re.compile(r"^(\t*)\[(\d+)\] (\S+) (['\"])(.*)\4(.*)$")
 

@@ -6,7 +6,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 

@@ -20,7 +20,7 @@ import time
 import psutil
 
 from envs.sciworld import SciWorld
-from tests.toy import Digits
+from tests.support.toy import Digits
 
 _once = threading.Lock()
 release = threading.Event()  # an in-process test sets it, so that no hung thread outlives the test

@@ -19,12 +19,13 @@ import torch.distributed as dist
 
 import config as configs
 import envs
+import warmstart
 from engine import make_engine
+from envs.agentgym import task_ids
 from infra import checkpoint, console, lifeline, lora, memplan
 from infra.distributed import load, print0, setup_distributed, sync
 from infra.runlog import RunLog
 from models import resolve_model
-from infra.envcalls import abandoned
 from rollout import ChatFormat, Play
 from studies import Studies
 
@@ -150,7 +151,6 @@ def setup(argv) -> Run:
     env_pool = [envs.make(cfg.env, **d.env_options) for _ in range(per_rank)]
     train_ids, val_ids = env_pool[0].tasks("train"), env_pool[0].tasks("val")[:cfg.eval_tasks] if cfg.eval_every else []
     if cfg.tasks_file:  # AgentGym-RL's task list instead of the train split (checked in config.check)
-        from envs.agentgym import task_ids
         train_ids = task_ids(cfg.tasks_file, cfg.env, d.env_options)
         print0(f"training on the {len(train_ids)} tasks of {cfg.tasks_file}")
     if resume_from:  # after the engine's start-up, which re-seeds torch's global generator
@@ -161,36 +161,9 @@ def setup(argv) -> Run:
               threads=threads, chat=chat, tokenizer=tokenizer, train_ids=train_ids, val_ids=val_ids, start=start,
               log=RunLog(out, cfg.steps, start, d.schedule) if rank == 0 else None, adapters=adapters)
     if cfg.bc_episodes and not resume_from and not warm_done:
-        import warmstart
         engine.sleep()  # the GPU memory it holds is the warm start's; sync() reloads the weights
         warmstart.run(run, warm_dir)
         sync(engine, policy, getattr(torch, d.dtype))
     run.studies = Studies.from_run(run, getattr(env_pool[0], "level", env_pool[0].subtask), start)
     return run
 
-
-def finish(env_pool, threads, engine, log, code: int = 0) -> None:
-    """Close everything on every rank and end the process with `code` (a collective)."""
-    lifeline.stop()
-    if not code:
-        print0(lifeline.peak_report())
-    if log:
-        log.close()
-    for env in env_pool:
-        env.close()
-    threads.shutdown(wait=not abandoned(), cancel_futures=True)
-    try:
-        dist.barrier()
-    except RuntimeError:  # stopping on an error, a peer may be gone already: exit all the same
-        if not code:
-            raise
-    if hasattr(engine, "close"):
-        engine.close()
-    if dist.is_initialized():  # vLLM's shutdown may already have destroyed the default group
-        dist.destroy_process_group()
-    if abandoned():  # an env call that never returned holds a thread the interpreter would wait for at exit
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    if code:
-        raise SystemExit(code)

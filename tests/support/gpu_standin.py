@@ -8,7 +8,7 @@ while any of them sleeps (vLLM itself would queue the requests and never run the
 Every call is appended to `$GPU_STANDIN_LOG/rank<r>.jsonl`, and rank 0 also prints it as a
 `[stand-in] ...` line, so a test sees it in order with train.py's own output.
 
-`tests/gpu_run.py` runs train.py with every rank's generator a `VLLMEngine` in GPU mode (per-request
+`tests/support/gpu_run.py` runs train.py with every rank's generator a `VLLMEngine` in GPU mode (per-request
 seeds, sleep and wake active) around this stand-in; the trainer itself runs on the CPU.
 """
 from __future__ import annotations
