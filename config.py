@@ -80,6 +80,10 @@ class Config:
     ppo_epochs: int = doc("passes over each rollout batch", 1)
     mini_batches: int = doc("optimizer steps per epoch (the batch is split into this many mini-batches)", 1)
     micro_tokens: int = doc("token budget of one forward/backward micro-batch (rows x padded length)", 16384)
+    grad_reduce: str = doc("when a CPU run reduces gradients over ranks: mini-batch (once, in its last backward: less "
+                           "time, a whole fp32 gradient held per rank), micro-batch (every backward), or auto: "
+                           "mini-batch where the memory plan has room for it (infra/passes.py); GPUs reduce every "
+                           "backward", "auto")
     clip_low: float = doc("PPO ratio clip below 1", 0.2)
     clip_high: float = doc("PPO ratio clip above 1", 0.2)
     dual_clip: float = doc("dual-clip bound c > 1 for negative advantages (Ye et al. 2020); 0 disables", 0.0)
@@ -407,6 +411,8 @@ def check(cfg: Config, world: int) -> str | None:
             return f"--train-layers {cfg.train_layers} but {cfg.model} has {layers} decoder blocks; give 1..{layers}, or 0 (all)"
     if cfg.lora_rank and (problem := _check_lora(cfg)):
         return problem
+    if cfg.grad_reduce not in ("auto", "mini-batch", "micro-batch"):
+        return f"unknown --grad-reduce {cfg.grad_reduce!r}; choose auto, mini-batch or micro-batch"
     if cfg.memory_check not in ("adapt", "stop", "off"):
         return f"unknown --memory-check {cfg.memory_check!r}; choose adapt, stop or off"
     out = derive(cfg).out

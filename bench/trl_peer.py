@@ -251,6 +251,9 @@ def main() -> None:
                     help="auto: bfloat16 where the CPU has AMX-BF16 or AVX512-BF16, else float32")
     ap.add_argument("--side", choices=("both", "trl", "ours"), default="both", help="which side(s) to run")
     ap.add_argument("--no-shared-prefix", action="store_true", help="ours: the padded update, not the shared prefix")
+    ap.add_argument("--grad-reduce", choices=("mini-batch", "micro-batch", "both"), default="mini-batch",
+                    help="ours: gradients reduced once a mini-batch (held in fp32 until then) or every micro-batch; "
+                         "both: ours twice, as ours/ and ours-micro/ (train.py --grad-reduce)")
     ap.add_argument("--nproc", type=int, default=2, help="ours: ranks (default 2; 1 is one process with all the "
                     "cores' threads, as TRL's, and one engine, as in `python train.py`)")
     ap.add_argument("--seed", type=int, default=0)
@@ -287,7 +290,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="trl-peer-"))
     runs = {}
     for c in settings:
-        for side in (("trl", "ours") if args.side == "both" else (args.side,)):
+        ours = ["ours"] if args.grad_reduce == "mini-batch" else ["ours-micro"] if args.grad_reduce == "micro-batch" \
+            else ["ours", "ours-micro"]
+        for side in (("trl", *ours) if args.side == "both" else ("trl",) if args.side == "trl" else ours):
             result = tmp / f"{side}-{c}.json"
             flags = common + ["--result", str(result)] + (["--checkpointing"] if c == "on" else [])
             env = dict(os.environ, TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
@@ -301,7 +306,8 @@ def main() -> None:
                 launch = ([] if args.nproc == 1 else
                           ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc)])
                 cmd = [sys.executable, *launch, str(HERE / "trl_peer_ours.py")] + flags + (
-                    ["--no-shared-prefix"] if args.no_shared_prefix else [])
+                    ["--no-shared-prefix"] if args.no_shared_prefix else []) + (
+                    ["--grad-reduce", "micro-batch"] if side == "ours-micro" else [])
             runs[f"{side}/{c}"] = run_side(side, cmd, env, result)
     info["runs"] = runs
     report(info, settings, args)
@@ -325,7 +331,7 @@ def report(info: dict, settings: list[str], args) -> None:
     print(f"CPU: {c['model']}, {c['cores']} cores, bf16 instructions (AMX-BF16 or AVX512-BF16): "
           f"{'yes' if c['bf16'] else 'no'}; dtype {info['dtype']}; mean of {args.steps - 1} steps after a warm-up; "
           f"load average {os.getloadavg()[0]:.1f} at the end\n")
-    if len({k.split("/")[0] for k in info["runs"]}) == 2:
+    if {"trl", "ours"} <= {k.split("/")[0] for k in info["runs"]}:
         print(table(info["runs"], settings))
         info["ratios"] = {c: {k: info["runs"][f"ours/{c}"]["mean"][k] / info["runs"][f"trl/{c}"]["mean"][k]
                               for k in ("step", "step_cpu", "machine_rss_mb", "machine_pss_mb")} for c in settings}

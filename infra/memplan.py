@@ -25,7 +25,8 @@ The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
                                   one at a time, plus the next one prefetched
   unsharded gradients      root x (c + 4 if bf16), + V x H x c if the head is tied (its two
                                   contributions exist apart before they are summed); on CPU also 4P,
-                                  the fp32 gradients accumulated between a mini-batch's reductions
+                                  the fp32 gradients accumulated between a mini-batch's reductions, where
+                                  the plan has room for them (--grad-reduce auto; `fit` drops them first)
   reference model          4P/W sharded (train.main reshards the frozen reference after scoring)
   critic                   the policy's first five rows again (PPO only; its head is one output)
   LoRA (--lora-rank)       gradients, moments and the CPU's accumulated gradients count the adapters'
@@ -161,11 +162,13 @@ def vllm_cpu_kv_gib(s: Shape, dtype: str, max_context: int, seqs: int, cap: int 
 
 def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl: bool, engine: str, device: str,
          gpu_gb: float = 80.0, gpu_util: float = 0.5, runtime: float = 0.0, max_context: int = 3072,
-         seqs: int = 16, critic: bool = False, grads_resident: bool = False, adapters: int = 0) -> dict:
+         seqs: int = 16, critic: bool = False, grads_resident: bool = False, adapters: int = 0,
+         deferred: bool = True) -> dict:
     """Bytes per rank of each row, for the training phase, the rollout phase and loading (and, on GPU,
     rank 0's host memory while it loads). `grads_resident`: gradients live through rollouts (--min-groups).
     `adapters`: LoRA's trained parameters (infra/lora.py): gradients and moments only for them, the root
-    frozen, the KL's reference the policy itself."""
+    frozen, the KL's reference the policy itself. `deferred`: a CPU run reduces gradients once a mini-batch
+    (--grad-reduce), holding them unsharded in fp32 until then."""
     c = 2 if dtype == "bfloat16" else 4
     P, W, T = s.params, world, tokens
     G = adapters or P  # the parameters that get gradients and AdamW moments
@@ -186,7 +189,7 @@ def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl:
             0.0 if adapters else s.root * (c + (4 if c != 4 else 0)) + (s.V * s.H * c if s.tied else 0),
         # on CPU, train.update reduces gradients once a mini-batch: until then each rank accumulates them
         # unsharded, in fp32 (every parameter counted, trained or not: an upper bound)
-        "unsharded fp32 gradients, accumulated (CPU)": 4 * G if device == "cpu" else 0.0,
+        "unsharded fp32 gradients, accumulated (CPU)": 4 * G if device == "cpu" and deferred else 0.0,
         "reference model (sharded)": (4 * P / W) if kl and not adapters else 0.0,
         "critic (sharded state)": 16 * P / W if critic else 0.0,  # masters, gradients, moments: never LoRA
         f"LM-head slice ({n} tokens x {s.V})": SLICE_BYTES * n * s.V,
@@ -306,7 +309,7 @@ def available(local_world: int, device: str = "cpu") -> tuple[float, str]:
 # ------------------------------------------------------------------ the plan of a run
 
 def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None = None,
-              checkpointing: bool | None = None) -> dict:
+              checkpointing: bool | None = None, deferred: bool | None = None) -> dict:
     """`plan` for a train.py Config (or anything with its fields) at this world size."""
     s = shape(model_config(cfg.model))
     engine = _engine(cfg.engine, device)
@@ -318,7 +321,14 @@ def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None
                 cfg.kl_coef > 0, engine, device, gpu_gb=gpu_gb, gpu_util=getattr(cfg, "gpu_memory_utilization", 0.5),
                 runtime=runtime, max_context=cfg.max_context, seqs=seqs, critic=getattr(cfg, "algo", "") == "ppo",
                 grads_resident=getattr(cfg, "min_groups", 0) > 0,
+                deferred=defers(cfg) if deferred is None else deferred,
                 adapters=lora.param_count(s, cfg.lora_rank, cfg.lora_targets) if getattr(cfg, "lora_rank", 0) else 0)
+
+
+def defers(cfg) -> bool:
+    """Whether a CPU run holds its gradients until a mini-batch's last backward (infra/passes.py): not under
+    --grad-reduce micro-batch, nor with an imitation anchor (whose own backward follows the mini-batch's)."""
+    return getattr(cfg, "grad_reduce", "auto") != "micro-batch" and not getattr(cfg, "bc_anchor", 0)
 
 
 def _engine(kind: str, device: str) -> str:
@@ -340,9 +350,17 @@ def fit(cfg, world: int, local_world: int, device: str, dtype: str, mode: str = 
     p = rank_plan(cfg, world, device, dtype)
     need = peak(p)
     where = f"{budget / GB:.1f} GB a rank can have ({source}, {local_world} rank{'s' if local_world > 1 else ''} here)"
-    if need <= ceiling:
-        return cfg, {"note": f"memory plan: {need / GB:.2f} GB per rank at peak, of {where}", "plan": need,
-                     "share": budget}
+    auto = device == "cpu" and getattr(cfg, "grad_reduce", "auto") == "auto" and defers(cfg)
+    if need <= ceiling:  # --grad-reduce auto: the deferred reduction, which the plan has room for
+        return replace(cfg, grad_reduce="mini-batch") if auto else cfg, {
+            "note": f"memory plan: {need / GB:.2f} GB per rank at peak, of {where}", "plan": need, "share": budget}
+    if auto:  # first give up holding a whole fp32 gradient per rank (a little more time: infra/passes.py)
+        cfg = replace(cfg, grad_reduce="micro-batch")
+        trial = peak(rank_plan(cfg, world, device, dtype))
+        if trial <= ceiling:
+            return cfg, {"note": f"memory plan: {need / GB:.1f} GB per rank would not fit the {where}; reducing "
+                                 f"gradients every micro-batch instead (--grad-reduce micro-batch, plan "
+                                 f"{trial / GB:.2f} GB)", "plan": trial, "share": budget}
     tokens, ckpt = cfg.micro_tokens, True  # checkpointing first, then halve the budget down to one episode
     while True:
         trial = rank_plan(cfg, world, device, dtype, micro_tokens=tokens, checkpointing=ckpt)

@@ -61,7 +61,26 @@ def test_a_plan_that_fits_is_left_alone(memory):
     memory(1000)
     cfg = config.parse(["--model", "smollm2", "--env", "babyai"])
     new, info = memplan.fit(cfg, 2, 2, "cpu", "bfloat16")
-    assert new == cfg and info["note"].startswith("memory plan: ")
+    assert new == dataclasses.replace(cfg, grad_reduce="mini-batch") and info["note"].startswith("memory plan: ")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_deferred_gradient_reduction_is_taken_only_where_the_plan_has_room(memory, dtype):
+    """--grad-reduce auto: the CPU holds a whole fp32 gradient per rank until a mini-batch's last backward
+    when the plan fits with it; between that plan and the one without it, each backward reduces instead, and
+    nothing else changes; an imitation anchor always reduces every backward."""
+    cfg = config.parse(["--model", "smollm2", "--env", "babyai"])
+    held = memplan.peak(memplan.rank_plan(cfg, 2, "cpu", dtype))
+    each = memplan.peak(memplan.rank_plan(dataclasses.replace(cfg, grad_reduce="micro-batch"), 2, "cpu", dtype))
+    params = memplan.shape(memplan.model_config("smollm2")).params
+    assert abs(held - each - 4 * params) < 0.05 * GB  # the row: a whole fp32 gradient (RSS moves a little)
+    memory(2 * (held + each) / 2 / memplan.HEADROOM / GB)  # two ranks, a share between the two plans
+    new, info = memplan.fit(cfg, 2, 2, "cpu", dtype)
+    assert new == dataclasses.replace(cfg, grad_reduce="micro-batch") and "--grad-reduce micro-batch" in info["note"]
+    memory(2 * (held + 0.1 * GB) / memplan.HEADROOM / GB)
+    assert memplan.fit(cfg, 2, 2, "cpu", dtype)[0].grad_reduce == "mini-batch"
+    anchored = dataclasses.replace(cfg, bc_anchor=8)
+    assert not memplan.defers(anchored) and memplan.fit(anchored, 2, 2, "cpu", dtype)[0].grad_reduce == "auto"
 
 
 def test_plan_grows_with_what_it_should():
