@@ -265,16 +265,28 @@ def step_advantages(rewards: Tensor, groups: Tensor, states: list[list[str]], ga
     return [flat[a:b].double() for a, b in zip(ends, ends[1:])]
 
 
+@dataclass(frozen=True)
+class Options:
+    """`advantages`' settings beyond each estimator's own hyperparameters, and how a step spans processes."""
+    norm_by_std: bool = True               # grpo and gigpo divide by the group's std; False: Dr. GRPO
+    eps: float = 1e-6                      # added to that std
+    whiten: bool = True                    # reinforce++ and gae whiten over the batch; False: raw values
+    step_weight: float = 1.0               # gigpo: the weight of the step-level term
+    states: list[list[str]] | None = None  # gigpo: per episode of the step, its turns' observation keys
+    rows: slice | None = None              # this process's rows of the step's episodes (default all)
+    reduce_sum: object = None              # t -> t summed over processes (masked_whiten); identity if None
+    reduce_max: object = None              # t -> t maxed over processes
+
+
 def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
                token_kl: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, kl_coef: float = 0.0,
-               norm_by_std: bool = True, eps: float = 1e-6, whiten: bool = True, *, rows: slice | None = None,
-               reduce_sum=None, reduce_max=None, states: list[list[str]] | None = None, step_weight: float = 1.0) -> tuple[Tensor, Tensor]:
+               opts: Options = Options()) -> tuple[Tensor, Tensor]:
     """Advantages and returns, both (B, T) and 0 wherever mask is 0.
 
     rewards (B,) episode rewards r_i; mask (B, T); group_ids (B,) long, equal for episodes sampled for
     the same task; values (B, T) critic values (gae only); token_kl (B, T) e.g. kl_penalty(old, ref).
 
-    grpo    A_i = (r_i - mean_g) / (std_g + eps), std unbiased as torch.std; norm_by_std=False drops
+    grpo    A_i = (r_i - mean_g) / (std_g + eps), std unbiased as torch.std; opts.norm_by_std=False drops
             the division (Dr. GRPO). A group of one gets 0 (verl uses mean 0, std 1, i.e. A_i = r_i;
             with no sibling there is no baseline, so no signal). All-equal groups get 0. returns = A.
     rloo    A_i = r_i - mean_{j in g, j != i} r_j = n/(n-1) (r_i - mean_g); a group of one gets 0.
@@ -288,19 +300,19 @@ def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, valu
     gigpo   A_E(i) + step_weight * A_S(i, t) on the tokens of turn t (gigpo.py): A_E is grpo's, A_S
             compares turn t's return gamma^(T_i-1-t) r_i with the other turns from the same state
             (`states[i]`, the keys of the observations episode i's turns answered). returns = A.
-    whiten=False skips the batch whitening (reinforce++ variants and gae) e.g. to inspect raw values.
+    opts.whiten=False skips the batch whitening (reinforce++ variants and gae) e.g. to inspect raw values.
 
-    Statistics (group and batch) cover the whole step: `rewards`, `group_ids` (and `states`) are the
-    step's N episodes (all ranks), `mask` (and `values`, `token_kl`) this process's rows `rows` of them
-    (default all N), and `reduce_sum` / `reduce_max` combine the whitening statistics over processes
-    (see `masked_whiten`; identity by default). Rows with an empty mask count in their group's reward
+    Statistics (group and batch) cover the whole step: `rewards`, `group_ids` (and `opts.states`) are the
+    step's N episodes (all ranks), `mask` (and `values`, `token_kl`) this process's rows `opts.rows` of
+    them (default all N), and `opts.reduce_sum` / `reduce_max` combine the whitening statistics over
+    processes (see `masked_whiten`; identity by default). Rows with an empty mask count in their group's reward
     statistics but get no tokens. Raises ValueError on an unknown name, shape mismatch, non-finite
     rewards, or non-finite values/token_kl on policy tokens (non-finite entries at mask 0 are ignored).
     """
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; use one of {', '.join(ESTIMATORS)}")
     B, T = mask.shape
-    rows = rows or slice(0, len(rewards))
+    rows, states, eps, norm_by_std = opts.rows or slice(0, len(rewards)), opts.states, opts.eps, opts.norm_by_std
     if rewards.shape != group_ids.shape or rewards[rows].shape != (B,):
         raise ValueError(f"rewards and group_ids must have shape ({B},) to match mask {tuple(mask.shape)} (or "
                          f"hold the whole step, of which `rows` selects these {B}), got {tuple(rewards.shape)} "
@@ -318,7 +330,7 @@ def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, valu
                 raise ValueError("gigpo needs states: per episode of the step, the keys of the observations its "
                                  "turns answered (rollout.Episode.states)")
             steps = step_advantages(rewards, group_ids, states, gamma, norm_by_std, eps)[rows]
-            adv = _keep(gigpo.per_turn(scalar[rows], steps, mask, step_weight), m).float()
+            adv = _keep(gigpo.per_turn(scalar[rows], steps, mask, opts.step_weight), m).float()
         else:
             adv = _keep(scalar[rows].to(rewards.dtype)[:, None].expand(B, T), m)
         return adv, adv.clone()
@@ -346,7 +358,7 @@ def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, valu
     else:
         adv = _gae_over_mask(token_r, torch.zeros_like(token_r), mask, gamma, 1.0)
         returns = adv.clone()
-    adv = masked_whiten(adv, mask, reduce_sum=reduce_sum, reduce_max=reduce_max) if whiten else adv
+    adv = masked_whiten(adv, mask, reduce_sum=opts.reduce_sum, reduce_max=opts.reduce_max) if opts.whiten else adv
     return adv, returns
 
 

@@ -83,7 +83,7 @@ def test_grpo_by_hand():
     close(adv, per_row[:, None] * mask)
     assert torch.equal(adv, ret)
     # Dr. GRPO: no division -> r - mean
-    adv, _ = A.advantages("grpo", r, mask, g, norm_by_std=False)
+    adv, _ = A.advantages("grpo", r, mask, g, opts=A.Options(norm_by_std=False))
     close(adv[:, 0], t([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]))
 
 
@@ -98,6 +98,7 @@ def test_rloo_by_hand():
 
 MASK_RPP = t([[0, 1, 1, 0, 1], [1, 1, 0, 0, 0]])
 KL_RPP = t([[9.0, 0.5, 1.0, 9.0, 2.0], [1.0, 1.0, 9.0, 9.0, 9.0]])
+RAW = A.Options(whiten=False)  # the estimators before the batch whitening
 
 
 def test_reinforce_pp_by_hand():
@@ -105,7 +106,7 @@ def test_reinforce_pp_by_hand():
     #   return-to-go (gamma 1): pos4 0.8, pos2 0.7, pos1 0.65
     # row 1 (reward 0): pos 0, 1 = -0.1, -0.1 -> pos1 -0.1, pos0 -0.2
     r, g = t([1.0, 0.0]), t([0, 1], torch.long)
-    raw, ret = A.advantages("reinforce++", r, MASK_RPP, g, token_kl=KL_RPP, kl_coef=0.1, whiten=False)
+    raw, ret = A.advantages("reinforce++", r, MASK_RPP, g, token_kl=KL_RPP, kl_coef=0.1, opts=RAW)
     expected = t([[0, 0.65, 0.7, 0, 0.8], [-0.2, -0.1, 0, 0, 0]])
     close(raw, expected)
     close(ret, expected)
@@ -115,7 +116,7 @@ def test_reinforce_pp_by_hand():
     close(adv, (expected - 0.37) / math.sqrt(0.2295 + 1e-8) * MASK_RPP)
     # gamma 0.5 discounts per POLICY token (pos 3 is an observation, not a step):
     #   pos4 0.8; pos2 -0.1 + 0.5*0.8 = 0.3; pos1 -0.05 + 0.5*0.3 = 0.1
-    raw, _ = A.advantages("reinforce++", r, MASK_RPP, g, token_kl=KL_RPP, kl_coef=0.1, gamma=0.5, whiten=False)
+    raw, _ = A.advantages("reinforce++", r, MASK_RPP, g, token_kl=KL_RPP, kl_coef=0.1, gamma=0.5, opts=RAW)
     close(raw[0], t([0, 0.1, 0.3, 0, 0.8]))
 
 
@@ -123,7 +124,7 @@ def test_reinforce_pp_baseline_by_hand():
     # one group, rewards [1, 0] -> mean 0.5 -> [0.5, -0.5] on every policy token (gamma 1, no KL)
     # batch: [.5 .5 .5 -.5 -.5], mean .1, deviations .4 x3 and -.6 x2, ss 1.2, unbiased var .3
     r, g = t([1.0, 0.0]), t([4, 4], torch.long)
-    raw, _ = A.advantages("reinforce++_baseline", r, MASK_RPP, g, whiten=False)
+    raw, _ = A.advantages("reinforce++_baseline", r, MASK_RPP, g, opts=RAW)
     expected = t([[0, 0.5, 0.5, 0, 0.5], [-0.5, -0.5, 0, 0, 0]])
     close(raw, expected)
     adv, _ = A.advantages("reinforce++_baseline", r, MASK_RPP, g)
@@ -138,13 +139,13 @@ def test_gae_by_hand():
     # returns = A + V = [.60624, .792, 0, 1.0]
     mask, values = t([[1, 1, 0, 1]]), t([[0.5, 0.2, 99.0, 0.4]])
     adv, ret = A.advantages("gae", t([1.0]), mask, t([0], torch.long), values=values, gamma=0.9, lam=0.8,
-                            whiten=False)
+                            opts=RAW)
     close(adv, t([[0.10624, 0.592, 0.0, 0.6]]))
     close(ret, t([[0.60624, 0.792, 0.0, 1.0]]))
     # with KL in the reward, gamma = lam = 1, zero values: token rewards [-.1, -.2, _, 1 - .3]
     # -> advantages = return-to-go [.4, .5, 0, .7]
     adv, _ = A.advantages("gae", t([1.0]), mask, t([0], torch.long), values=torch.zeros(1, 4),
-                          token_kl=t([[0.1, 0.2, 5.0, 0.3]]), kl_coef=1.0, whiten=False)
+                          token_kl=t([[0.1, 0.2, 5.0, 0.3]]), kl_coef=1.0, opts=RAW)
     close(adv, t([[0.4, 0.5, 0.0, 0.7]]))
 
 
@@ -188,7 +189,7 @@ def test_masked_out_entries_cannot_change_any_estimator(name):
     if name.startswith("reinforce") or name == "gae":
         kw["kl_coef"] = 0.05
     if name == "gigpo":  # each episode's turns answered states of its own ("s<i>")
-        kw["states"] = [[f"s{i}"] for i in range(len(r))]
+        kw["opts"] = A.Options(states=[[f"s{i}"] for i in range(len(r))])
     base = A.advantages(name, r, mask, g, values=values, token_kl=token_kl, **kw)
     off = mask == 0
     for junk in (torch.randn_like(values) * 1e3, torch.full_like(values, NAN), torch.full_like(values, math.inf)):
@@ -202,7 +203,7 @@ def test_masked_out_entries_cannot_change_any_estimator(name):
 
 def test_gae_with_unit_gamma_lam_is_return_minus_value():
     r, mask, g, values, _ = random_batch(4)
-    adv, ret = A.advantages("gae", r, mask, g, values=values, whiten=False)
+    adv, ret = A.advantages("gae", r, mask, g, values=values, opts=RAW)
     close(adv, (r[:, None] - values) * mask)
     close(ret, r[:, None] * mask)
     whitened, _ = A.advantages("gae", r, mask, g, values=values)
@@ -257,7 +258,7 @@ def test_group_of_one_all_equal_and_empty_masks():
     same = A.advantages("grpo", t([1.0, 1.0, 1.0, 1.0]), mask, t([0, 0, 0, 0], torch.long))[0]
     assert torch.equal(same, torch.zeros(4, 2))
     for name in A.ESTIMATORS:  # an all-empty batch: zeros everywhere, never NaN
-        kw = {"values": torch.randn(4, 2)} if name == "gae" else {"states": [["s"]] * 4} if name == "gigpo" else {}
+        kw = {"values": torch.randn(4, 2)} if name == "gae" else {"opts": A.Options(states=[["s"]] * 4)} if name == "gigpo" else {}
         for out in A.advantages(name, r, torch.zeros(4, 2), g, **kw):
             assert torch.equal(out, torch.zeros(4, 2))
         # a single policy token in the whole batch whitens to 0, not NaN

@@ -18,8 +18,8 @@ REWARDS = [1.0, 0.0, 0.5, 1.0]  # exact in bfloat16
 
 def gigpo_adv(rewards, groups, states, masks, rows=None, gamma=0.95, weight=1.0, eps=1e-6):
     """The estimator's token advantages through the one entry point."""
-    return A.advantages("gigpo", rewards, masks, groups, states=states, rows=rows, gamma=gamma, step_weight=weight,
-                        eps=eps)[0]
+    return A.advantages("gigpo", rewards, masks, groups, gamma=gamma,
+                        opts=A.Options(states=states, rows=rows, step_weight=weight, eps=eps))[0]
 
 
 def mask_of(turn_lengths, width=16, prompt=2):
