@@ -45,7 +45,9 @@ def measure(variant: str, repeats: int, dtype: str, episodes: int) -> dict:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode:
             raise SystemExit(f"{variant} failed:\n{proc.stderr[-3000:]}")
-        return json.loads(out.read_text())
+        figures = json.loads(out.read_text())
+        figures["args"] = {k: v for k, v in figures["args"].items() if k not in ("path", "json")}  # this machine's
+        return figures
 
 
 def main():
