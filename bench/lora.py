@@ -47,6 +47,7 @@ def measure(variant: str, repeats: int, dtype: str, episodes: int) -> dict:
             raise SystemExit(f"{variant} failed:\n{proc.stderr[-3000:]}")
         figures = json.loads(out.read_text())
         figures["args"] = {k: v for k, v in figures["args"].items() if k not in ("path", "json")}  # this machine's
+        figures["config"] = {k: v for k, v in figures["config"].items() if k != "_name_or_path"}  # paths
         return figures
 
 
