@@ -77,7 +77,7 @@ import time
 from pathlib import Path
 
 from . import browser, miniwob_expert
-from .webarena import _BLOCK, HELP, INSTRUCTION, observation, parse
+from .webarena import _BLOCK, HELP, INSTRUCTION, act, observation, parse
 
 LEFT_OUT = {
     **dict.fromkeys(["drag-box", "drag-circle", "drag-cube", "drag-items", "drag-items-grid", "drag-shapes",
@@ -317,19 +317,4 @@ class MiniWoB:
         if name == "stop":
             self.done = True  # reward stays UNJUDGED: the page never judged the episode
             return f"stop [{args[0][:200]}]"
-        said = f"{name} [{args[0]}]" if args else name
-        if name in ("click", "hover", "type"):
-            content = self.view.describe(args[0])
-            if content is None:
-                return (f'Attempt to perform "{name}" on element "[{args[0]}]" but no matching element was found in '
-                        "the current view. Check the ids in the observation.")
-            if name == "type" and content.split(" ", 1)[0] not in TYPABLE:
-                return (f"Attempt to type into [{args[0]}], which is {content}; only a textbox, searchbox, combobox "
-                        "or spinbutton accepts text.")
-            if name == "type":
-                said = f"type [{args[0]}] [{args[1][:100]}] [{int(args[2])}]"
-            said += f" where [{args[0]}] is {content}"
-        elif name == "go":
-            said = f"goto [{args[0]}]"
-        error = self.view.call(name, *args)
-        return f"{said} ({error})" if error else said
+        return act(self.view, action, name, args, TYPABLE, "a textbox, searchbox, combobox or spinbutton", hint="")

@@ -110,6 +110,29 @@ def normalize(answer: str) -> str:
 
 
 
+def act(view, action: str, name: str, args: tuple, typable=("textbox", "searchbox", "combobox"),
+        typable_text: str = "a textbox or searchbox", hint: str = "; scroll to see other parts of the page",
+        refused: tuple = ()) -> str:
+    """One parsed action other than stop, run on a page `view` (WebArena's and MiniWoB++'s alike): the PREVIOUS
+    ACTION text, i.e. what was done (with the element it touched and any error the page gave), or why it was
+    not done: an id that is not in the view, text typed into what takes none, an error of a `refused` action."""
+    said = f"{'goto' if name == 'go' else name} [{args[0]}]" if args else name
+    if name in ("click", "hover", "type"):
+        eid = args[0]
+        content = view.describe(eid)
+        if content is None:
+            return (f'Attempt to perform "{name}" on element "[{eid}]" but no matching element was found in the '
+                    f"current view. Check the ids in the observation{hint}.")
+        if name == "type" and content.split(" ", 1)[0] not in typable:
+            return f"Attempt to type into [{eid}], which is {content}; only {typable_text} accepts text."
+        said = (f"type [{eid}] [{args[1][:100]}] [{int(args[2])}]" if name == "type" else f"{name} [{eid}]") + \
+            f" where [{eid}] is {content}"
+    error = view.call(name, *args)
+    if error and name in refused:
+        return f"Invalid action {action[:100]!r}: {error}. {HELP}"
+    return f"{said} ({error})" if error else said
+
+
 def parse(action: str) -> tuple[str, tuple] | str:
     """(name, arguments) of one action in WebArena's grammar, or what is wrong with it."""
     if not action:
@@ -283,23 +306,7 @@ class WebArena:
             self.reward, problem = self._evaluate(args[0])
             self.success, self.done = self.reward == 1.0, True
             return f"stop [{args[0][:200]}]" + (f" (the task could not be scored: {problem})" if problem else "")
-        if name in ("click", "hover", "type"):
-            eid = args[0]
-            content = self.view.describe(eid)
-            if content is None:
-                return (f'Attempt to perform "{name}" on element "[{eid}]" but no matching element was found in the '
-                        "current view. Check the ids in the observation; scroll to see other parts of the page.")
-            if name == "type" and content.split(" ", 1)[0] not in ("textbox", "searchbox", "combobox"):
-                return f"Attempt to type into [{eid}], which is {content}; only a textbox or searchbox accepts text."
-            said = (f"type [{eid}] [{args[1][:100]}] [{int(args[2])}]" if name == "type" else f"{name} [{eid}]") + \
-                f" where [{eid}] is {content}"
-        else:
-            verb = "goto" if name == "go" else name
-            said = f"{verb} [{args[0]}]" if args else name
-        error = self.view.call(name, *args)
-        if error and name in ("new_tab", "tab_focus"):
-            return f"Invalid action {action[:100]!r}: {error}. {HELP}"
-        return f"{said} ({error})" if error else said
+        return act(self.view, action, name, args, refused=("new_tab", "tab_focus"))
 
     def _evaluate(self, answer: str) -> tuple[float, str]:
         """(score, "") or (0, why it could not be scored: the browser died, or a site's API did not answer)."""
