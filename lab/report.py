@@ -7,6 +7,7 @@ report is lab/runreport.py's. Run it from the repository's root:
     python -m lab.report results/babyai-smollm2          # every table of that folder, from its files only
     python -m lab.report runs/babyai-grpo [LABEL=EVAL_DIR ...]   # the run's report.html (lab/runreport.py)
     python -m lab.report --unpack results/NAME/evals/untrained runs/eval-untrained   # a published evaluation back
+    python -m lab.report --refresh results/NAME          # its action counts made again from its transcripts
 
 Tests: python -m pytest tests/test_report.py tests/test_runreport.py
 """
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 from lab import runreport
-from lab.results import publish, render, seeds_table, unpack
+from lab.results import publish, refresh, render, seeds_table, unpack
 from lab.stats import compare, load_evals, paired_table
 
 
@@ -28,6 +29,8 @@ USAGE = """usage:
                                                          CONTROL_DIR: the imitation control's --out)
   python -m lab.report --unpack results/NAME/evals/LABEL EVAL_DIR
                                                          a published evaluation back into evaluate.py's output
+  python -m lab.report --refresh results/NAME            its evaluations' action counts made again from their
+                                                         transcripts, then its tables
   python -m lab.report RUN_DIR [LABEL=EVAL_DIR ...]     RUN_DIR/report.html: curves, tables, episodes (lab/runreport.py)
   python -m lab.report LABEL=EVAL_DIR [LABEL=EVAL_DIR ...]   before/after table of evaluate.py outputs"""
 
@@ -43,6 +46,9 @@ def main(args: list[str]) -> None:
             raise SystemExit(USAGE)
         evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in rest)]
         print(publish(None if args[1] == "-" else Path(args[1]), Path(args[2]), evals, control=control), end="")
+    elif args[0] == "--refresh" and len(args) == 2:
+        print(f"made again from the transcripts: {len(refresh(Path(args[1])))} files")
+        print(render(Path(args[1])), end="")
     elif args[0] == "--unpack" and len(args) == 3:
         print(f"unpacked {args[1]} into {unpack(Path(args[1]), Path(args[2]))}")
     elif "=" not in args[0] and (Path(args[0]) / "metrics.jsonl").exists() and all("=" in a for a in args[1:]):

@@ -20,6 +20,7 @@ import json
 import lzma
 import re
 import shutil
+import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -86,7 +87,8 @@ def action_mix(records: list[dict], env: str = "") -> dict[str, dict[str, int]]:
 
 # What each env's next observation says when it did not carry out the reply's action (envs/babyai.py
 # step; envs/miniwob.py and envs/webarena.py report it after "PREVIOUS ACTION:").
-REFUSALS = {"babyai": ("Choose one of the available actions.", "Invalid reply:", "Invalid action:")}
+REFUSALS = {"babyai": ("Choose one of the available actions.", "Invalid reply:", "Invalid action:"),
+            "sciworld": ("No known action matches that input.", "Invalid reply:")}  # envs/sciworld.py NO_MATCH
 REFUSALS.update(dict.fromkeys(WEB_ENVS, ("PREVIOUS ACTION: Attempt to", "PREVIOUS ACTION: Invalid",
                                          "The browser could not do it")))
 
@@ -211,6 +213,25 @@ def _commit(rows: list[dict]) -> str:
     seen = list(dict.fromkeys(f"{r['commit'] or 'unknown'}{' (uncommitted changes)' if r['dirty'] else ''}"
                               for r in rows))
     return ", then ".join(seen) + f"; CPU {rows[-1]['cpu']}"
+
+
+def refresh(dest: Path) -> list[Path]:
+    """Each evaluation's files derived from its transcripts (actions.json, refused.json) made again from its
+    transcripts-all.jsonl.xz: what a folder published before a count existed gains it. Returns the files written."""
+    written = []
+    for e in json.loads((dest / "manifest.json").read_text())["evals"]:
+        folder = dest / e["dir"]
+        env, k = (json.loads((folder / "config.json").read_text())[key] for key in ("env", "k"))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "transcripts.jsonl"
+            path.write_bytes(lzma.decompress((folder / "transcripts-all.jsonl.xz").read_bytes()))
+            records = sorted(load_transcripts(path, k)[0], key=lambda r: (r["budget"], r["task_id"], r["sample"]))
+        (folder / "actions.json").write_text(json.dumps(action_mix(records, env), indent=1) + "\n")
+        written.append(folder / "actions.json")
+        if (refused := refused_turns(records, env)) is not None:
+            (folder / "refused.json").write_text(json.dumps(refused, indent=1) + "\n")
+            written.append(folder / "refused.json")
+    return written
 
 
 def render(dest: Path, resamples: int = 10_000, seed: int = 0) -> str:

@@ -378,3 +378,27 @@ def test_seeds_table_lists_each_seed_and_their_mean(run_dir, evals, tmp_path):
     assert run.split(" | ")[1:5] == ["2", f"{sum(m.get('time/step', 0) for m in metrics if 'skipped' in m):,.0f}",
                                      f"{sum(shares) / 2:.2f}", ", ".join(f"{x:.2f}" for x in shares)]
     assert "| b |" not in proc.stdout.split("## The RL runs")[1]  # b was published without its run
+
+
+def test_refresh_makes_a_folders_action_counts_again_from_its_transcripts(tmp_path):
+    """SciWorld's refusals ("No known action matches that input.") counted from a published folder's
+    transcripts-all.jsonl.xz: its action mix comes out byte for byte as published, the refusal counts as
+    committed, and a refused action is one the transcript shows refused."""
+    import shutil
+
+    src = ROOT / "results" / "sciworld-smollm2-seed0"
+    dest = tmp_path / "folder"
+    shutil.copytree(src, dest)
+    for f in dest.glob("evals/*/refused.json"):
+        f.unlink()
+    written = RS.refresh(dest)
+    assert len(written) == 8
+    for f in written:
+        assert f.read_bytes() == (src / f.relative_to(dest)).read_bytes(), f
+    refused = json.loads((dest / "evals" / "untrained" / "refused.json").read_text())
+    assert all(c["refused"] <= c["observed"] for c in refused.values())
+    records = [json.loads(line) for line in lzma.decompress(
+        (dest / "evals" / "untrained" / "transcripts-all.jsonl.xz").read_bytes()).decode().splitlines()]
+    no_match = sum(a["content"].startswith("No known action matches") for r in records
+                   for m, a in zip(r["messages"], r["messages"][1:]) if m["role"] == "assistant" and a["role"] == "user")
+    assert sum(c["refused"] for c in refused.values()) >= no_match > 0
