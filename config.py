@@ -40,6 +40,13 @@ def doc(text: str, default):
     return field(default=default, metadata={"doc": text})
 
 
+def same(name: str):
+    """Config's field `name` (its default and its help) for another command's settings (evaluate.py), so
+    that a flag means one thing in every command."""
+    f = Config.__dataclass_fields__[name]
+    return doc(f.metadata["doc"], f.default)
+
+
 @dataclass
 class Config:
     # what to train

@@ -46,7 +46,8 @@ from pathlib import Path
 import envs
 import framing as framings
 import recipes
-from config import SMALL_MODELS, compute_dtype, doc, flags, gpu_shortage, local_ranks, pick_device, visible_gpus
+from config import (SMALL_MODELS, compute_dtype, doc, flags, gpu_shortage, local_ranks, pick_device, same,
+                    visible_gpus)
 from envs import agentgym
 from engine import make_engine, vllm_available
 from infra.distributed import print0, setup_distributed
@@ -75,8 +76,9 @@ SAME_FOR_RESUME = ("env", "env_options", "model", "k", "temperature", "top_p", "
 
 @dataclass
 class EvalConfig:
-    env: str = doc("environment: textcraft, sciworld, babyai, webarena, miniwob, searchqa, or package.module:Class", "textcraft")
-    env_options: str = doc("JSON object of extra keyword options for the environment constructor", "{}")
+    """evaluate.py's settings; a flag train.py also takes is train.py's field (config.same): one meaning."""
+    env: str = same("env")
+    env_options: str = same("env_options")
     model: str = doc("'tiny', an HF model name or directory, a checkpoint's policy/ directory, or a run "
                      "directory / checkpoints root whose `latest` file names a checkpoint", "tiny")
     split: str = doc("task split to evaluate: test (final tables only), val (validation: every choice of recipe) "
@@ -84,10 +86,8 @@ class EvalConfig:
     tasks: str = doc("comma list of task ids of --split to evaluate instead of the whole split", "")
     tasks_file: str = doc("evaluate exactly these tasks (any split): an AgentGym-RL-Data-ID style JSON list "
                           "([{\"item_id\": \"sciworld_17\"}, ...]) mapped as envs/agentgym.py says", "")
-    prompt_style: str = doc("ours (instruction as the system message) or agentgym (AgentGym's framing: instruction "
-                            "as a user turn, a canned assistant reply, the original clients' action parsing)", "ours")
-    instructions_file: str = doc("JSON object {env: instruction text} replacing the env's instruction (e.g. the "
-                                 "original AgentGym prompts); empty: the env's own", "")
+    prompt_style: str = same("prompt_style")
+    instructions_file: str = same("instructions_file")
     limit: int = doc("evaluate only the first N tasks (0: all)", 0)
     k: int = doc("samples per task and turn budget (Avg@k; Pass@j for j = 1, 2, 4, ..., k)", 1)
     turns: str = doc("turn budget, or a comma list of budgets for interaction scaling ('10,20,30'); "
@@ -98,17 +98,15 @@ class EvalConfig:
     seed: int = doc("base seed; each chunk of tasks derives its own from it", 0)
     max_tokens: int = doc("token cap of one reply; 0: the paper's value for the env (200 or 512)", 0)
     max_context: int = doc("token cap of a whole episode (prompt + all turns)", 8192)
-    engine: str = doc("generator: auto (vLLM if installed, else torch on CUDA, hf on CPU), vllm, torch, hf", "auto")
-    compile_generator: str = doc("vLLM: torch.compile the model (inductor): auto (on GPUs, and on CPU for models of "
-                                 "50M+ parameters: SmolLM2 yes, the tiny model no), on or off", "auto")
-    device: str = doc("auto (cuda when there is a GPU for every rank on this node, else cpu), cpu or cuda", "auto")
+    engine: str = same("engine")
+    compile_generator: str = same("compile_generator")
+    device: str = same("device")
     gpu_memory_utilization: float = doc("vLLM's share of each GPU's memory (cuda only)", 0.5)
     dtype: str = doc("generation dtype: auto (bfloat16 on GPUs and bf16-capable CPUs, except the tiny model), "
                      "float32 or bfloat16", "auto")
     chunk: int = doc("tasks per rollout call (x k episodes, one env instance each); saved after each", 8)
-    env_workers: int = doc("threads stepping environments concurrently per rank", 8)
-    env_timeout: float = doc("seconds an env reset or step may take before its episode is flagged env_error; "
-                             "0: no limit", 300.0)
+    env_workers: int = same("env_workers")
+    env_timeout: float = same("env_timeout")
     out: str = doc("output directory; rerunning with the same one resumes", "runs/eval-{env}-{model}")
     allow_train_tasks: bool = doc("score --model on tasks its training run trained on (refused otherwise: its "
                                   "--tasks-file, or its env's train split, e.g. babyai ids below 40,000)", False)
