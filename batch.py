@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 
 from infra import prefix
+from infra.memplan import logit_elements
+from infra.passes import DUMMY_WIDTH
 
 
 # --reward: the scalar an episode is trained on. The env's own reward and success are what every log and
@@ -52,33 +54,6 @@ def collate(episodes, pad_id: int, reward: str = "env", success_bonus: float = 0
             "rewards": torch.tensor([training_reward(e, reward, success_bonus) for e in episodes], dtype=torch.float),
             "groups": torch.tensor([e.group for e in episodes], dtype=torch.long),
             "states": [list(e.states) for e in episodes]}
-
-
-def micro_batches(rows: list[int], lengths: torch.Tensor, budget: int, shared: dict | None = None) -> list[list[int]]:
-    """Greedy packing of rows (longest first) so that rows x padded length stays within `budget`. With
-    `shared` (the batch), for the shared-prefix forward: groups kept together, the tokens it runs within
-    `budget` (prefix.micro_batches)."""
-    if shared is not None:
-        return prefix.micro_batches(rows, shared, budget)
-    out, cur, width = [], [], 0
-    for r in sorted(rows, key=lambda r: -int(lengths[r])):
-        w = max(width, int(lengths[r]))
-        if cur and w * (len(cur) + 1) > budget:
-            out.append(cur)
-            cur, w = [], int(lengths[r])
-        cur.append(r)
-        width = w
-    return out + ([cur] if cur else [])
-
-
-LOGIT_ELEMENTS = 1 << 24       # tokens x vocabulary of one head slice on CPU: 64 MB in float32 (341 tokens at 49k)
-LOGIT_ELEMENTS_CUDA = 1 << 27  # on a GPU: 2,730 tokens at 49k (3.6 GiB at a slice's 28 bytes an element), 8x
-                               # fewer slices: each one is a few kernel launches, and a GPU has the memory
-
-
-def logit_elements(device) -> int:
-    """tokens x vocabulary of one LM-head slice on `device`."""
-    return LOGIT_ELEMENTS_CUDA if torch.device(device).type == "cuda" else LOGIT_ELEMENTS
 
 
 class _Head(torch.autograd.Function):
@@ -249,12 +224,3 @@ def score(model, batch: dict, micro: list[list[int]], temperature: float, value:
         if mb:
             out[mb, :res.shape[1]] = res.float().cpu()
     return out
-
-
-DUMMY_WIDTH = 2  # positions a padding micro-batch runs: one scored token keeps every parameter in the graph
-
-
-def pad(mbs: list[list[int]], n: int) -> list[list[int]]:
-    """FSDP2 forward/backward are collectives: every rank must run the same number of micro-batches.
-    Ranks with fewer run empty ones (a dummy row with an all-zero mask, so they add nothing)."""
-    return mbs + [[] for _ in range(n - len(mbs))]

@@ -22,11 +22,11 @@ machinery: infra/engines.py (vLLM, transformers) and infra/decode.py (the decode
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 
 from infra.decode import TorchEngine
-from infra.engines import HFEngine, VLLMEngine, compiles, kv_cache_bytes, vllm_environment  # noqa: F401
+from infra.engines import (HFEngine, VLLMEngine, compiles, engine_kind, kv_cache_bytes,  # noqa: F401
+                           vllm_available, vllm_environment)
 from infra.samples import Sample, Sampling, copy_weights  # noqa: F401  (the contract, re-exported)
 
 
@@ -66,11 +66,6 @@ def cpu_supports_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return False
 
 
-def vllm_available() -> bool:
-    # find_spec, not import: importing vLLM here would fix its log level before VLLMEngine sets it
-    return importlib.util.find_spec("vllm") is not None
-
-
 def make_engine(model_dir: str, kind: str = "auto", device: str = "cpu", dtype: str = "float32",
                 max_model_len: int = 4096, seed: int = 0, gpu_memory_utilization: float = 0.5, max_seqs: int = 32,
                 compile: str = "auto", kv_cache_dtype: str = "auto"):
@@ -90,11 +85,3 @@ def make_engine(model_dir: str, kind: str = "auto", device: str = "cpu", dtype: 
     if kind == "torch":
         return TorchEngine(model_dir, device, dtype, seed)
     raise ValueError(f"unknown engine {kind!r}; use auto, vllm, torch or hf")
-
-
-def engine_kind(kind: str, device: str) -> str:
-    """auto: vLLM where installed; else on CUDA the project's own decode loop (infra/decode.py, about 50x faster
-    there than transformers' generate by design: docs/gpu.md), and on the CPU transformers' generate."""
-    if kind != "auto":
-        return kind
-    return "vllm" if vllm_available() else "torch" if device.startswith("cuda") else "hf"

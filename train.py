@@ -39,12 +39,12 @@ import torch.distributed as dist
 
 import algorithms as A
 import gigpo
-from batch import collate, forward, micro_batches, pad, score
+from batch import collate, forward, score
 from infra import checkpoint, lifeline
 from infra.distributed import all_max, all_sum, print0, sync
 from infra.runlog import log_episodes, log_outcomes, memory_metrics, rollout_metrics, trim_heap
 from stepplan import rank_share, tasks_for_step
-from infra.passes import Passes
+from infra.passes import Passes, micro_batches, pad
 from rollout import play_rounds, rollout
 from startup import Run, setup
 

@@ -33,8 +33,9 @@ import torch
 
 from infra import checkpoint, lora
 
-from batch import DUMMY_WIDTH, collate, forward, micro_batches, pad
+from batch import collate, forward
 from infra.distributed import all_max, all_sum, print0
+from infra.passes import DUMMY_WIDTH, micro_batches, pad
 from framing import Framing
 from rollout import Episode, Expert, Play, play_rounds
 

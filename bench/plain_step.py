@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import batch as batch_  # noqa: E402
+from infra import passes  # noqa: E402
 
 
 def load(path: str, checkpointing: bool, cfg) -> list:
@@ -48,7 +49,7 @@ def plain_update(model, opt, batch, cfg, dtype: str) -> None:
     lengths, mask = batch["attn"].sum(1), batch["mask"]
     items = max(1, int(mask.sum()))
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext()
-    for mb in batch_.micro_batches(list(range(len(lengths))), lengths, cfg.micro_tokens):
+    for mb in passes.micro_batches(list(range(len(lengths))), lengths, cfg.micro_tokens):
         w = int(lengths[mb].max())
         ids, attn = batch["ids"][mb, :w], batch["attn"][mb, :w]
         labels = ids.masked_fill(mask[mb, :w] == 0, -100)

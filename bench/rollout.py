@@ -37,7 +37,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenizer calls run 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import envs  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
-from rollout import ChatFormat, rollout  # noqa: E402
+from rollout import ChatFormat, Play, rollout  # noqa: E402
 from models import resolve_model  # noqa: E402
 
 

@@ -29,7 +29,7 @@ closes every phase, so that no phase holds another rank's lag behind its first c
 - trained tokens/s of the update and of the whole step, counting masked (policy) tokens and all tokens;
 - the all-gathers alone (full_tensors drained without an engine);
 - padding: token slots the micro-batches actually run (rows x padded width, the empty micro-batches
-  of `batch.pad` included as their one dummy row) against real tokens, over all ranks;
+  of `passes.pad` included as their one dummy row) against real tokens, over all ranks;
 - memory per rank in MB: resident after imports, the peak RSS after loading and sharding (the whole
   fp32 model passes through memory while it is loaded and sharded), the peak during the timed steps
   (VmHWM of /proc/self/status, reset through /proc/self/clear_refs before each step and read after
@@ -69,7 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import algorithms as A  # noqa: E402
 import config as configs  # noqa: E402
 import batch as batch_  # noqa: E402
-from infra import distributed  # noqa: E402
+from infra import distributed, passes  # noqa: E402
 from infra import lora, memplan, runlog  # noqa: E402
 import train  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
@@ -146,8 +146,8 @@ def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world,
     batch = batch_.collate(episodes, pad_id)
     mask, lengths = batch["mask"], batch["attn"].sum(1)
     rows = list(range(len(episodes)))
-    n_micro = distributed.all_max(len(batch_.micro_batches(rows, lengths, cfg.micro_tokens)))
-    micro = batch_.pad(batch_.micro_batches(rows, lengths, cfg.micro_tokens), n_micro)
+    n_micro = distributed.all_max(len(passes.micro_batches(rows, lengths, cfg.micro_tokens)))
+    micro = passes.pad(passes.micro_batches(rows, lengths, cfg.micro_tokens), n_micro)
     t = lap("collate", t)
     old = None if args.on_policy else batch_.score(policy, batch, micro, cfg.temperature)
     ref_lp = batch_.score(ref, batch, micro, cfg.temperature) if ref is not None else None
@@ -332,13 +332,13 @@ def main() -> None:
         update_bounds.profile(extra_step, args.profile, rank, world, table)
 
     lengths = torch.tensor([len(e.ids) for e in mine])
-    micro = batch_.micro_batches(list(range(len(mine))), lengths, cfg.micro_tokens)
+    micro = passes.micro_batches(list(range(len(mine))), lengths, cfg.micro_tokens)
     n_micro = distributed.all_max(len(micro))
-    slots, real = padding(lengths, batch_.pad(micro, n_micro))
+    slots, real = padding(lengths, passes.pad(micro, n_micro))
     max_slots = distributed.all_max(max(len(mb) * int(lengths[mb].max()) for mb in micro))
     masked, total, slots, real, empty = distributed.all_sum(sum(sum(e.mask) for e in mine), sum(len(e.ids) for e in mine),
                                                       slots, real, n_micro - len(micro))
-    n_shared = distributed.all_max(len(batch_.micro_batches(list(range(len(mine))), lengths, cfg.micro_tokens,
+    n_shared = distributed.all_max(len(passes.micro_batches(list(range(len(mine))), lengths, cfg.micro_tokens,
                                                            batch_.collate(mine, pad_id))))
     mems = [None] * world
     dist.all_gather_object(mems, mem)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import batch as batch_  # noqa: E402
 import config as configs  # noqa: E402
-from infra import distributed  # noqa: E402
+from infra import distributed, passes  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
 from rollout import Episode  # noqa: E402
 import train_step  # noqa: E402  (bench/, the script's own folder)
@@ -120,7 +120,7 @@ def main() -> None:
 
     collated = batch_.collate(eps, pad_id)
     lengths = collated["attn"].sum(1)
-    micro = batch_.micro_batches(list(range(len(eps))), lengths, budget, collated if shared else None)
+    micro = passes.micro_batches(list(range(len(eps))), lengths, budget, collated if shared else None)
     facts = [train_step.maxrss_mb(), len(micro), max(map(len, micro)), min(len(e.response) for e in eps),
              max(len(e.response) for e in eps)]
     gathered = [None] * world

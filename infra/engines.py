@@ -20,6 +20,7 @@ Test: tests/test_engine.py.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import os
 from pathlib import Path
@@ -39,6 +40,19 @@ from infra.vllm_cpu import guard_llvmlite, release_cpu, restore_cpu
 # eviction is only compiled again. Set before any primitive is created: oneDNN reads it once.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
 
+
+
+def vllm_available() -> bool:
+    # find_spec, not import: importing vLLM here would fix its log level before VLLMEngine sets it
+    return importlib.util.find_spec("vllm") is not None
+
+
+def engine_kind(kind: str, device: str) -> str:
+    """auto: vLLM where installed; else on CUDA the project's own decode loop (infra/decode.py, about 50x faster
+    there than transformers' generate by design: docs/gpu.md), and on the CPU transformers' generate."""
+    if kind != "auto":
+        return kind
+    return "vllm" if vllm_available() else "torch" if device.startswith("cuda") else "hf"
 
 
 COMPILE_PARAMETERS = 50_000_000  # auto compiles from here up: SmolLM2-135M yes, the 1M-parameter test model no

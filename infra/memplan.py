@@ -32,7 +32,7 @@ The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
   LoRA (--lora-rank)       gradients, moments and the CPU's accumulated gradients count the adapters'
                                   parameters only (infra/lora.py), the root has none, and there is no
                                   reference model (the policy with its adapters off)
-  LM-head slice            28 x n x V bytes, n = min(T, logit_elements // V) (batch.py): logits in c
+  LM-head slice            28 x n x V bytes, n = min(T, logit_elements // V) (the LM-head slices of batch.py): logits in c
                                   and fp32, logsumexp and softmax temporaries and their gradients
                                   (measured 29 bytes per slice element in bf16, 26 in fp32)
   activations              checkpointing: L x T x H x c (each block's input) + 2 x T x A (the block
@@ -62,9 +62,10 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from batch import logit_elements
-from engine import engine_kind
+import torch
+
 from infra import lora
+from infra.engines import engine_kind
 from models import tiny
 
 GB, MB = 2**30, 2**20
@@ -86,6 +87,15 @@ BUILTIN = {  # HF config.json fields of the built-in models
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, model_type="llama"),
 }
+# tokens x vocabulary of one LM-head slice (batch.head_logprobs); on CPU 64 MB in float32 (341 tokens at 49k)
+LOGIT_ELEMENTS = 1 << 24
+LOGIT_ELEMENTS_CUDA = 1 << 27  # on a GPU: 2,730 tokens at 49k (3.6 GiB at a slice's 28 bytes an element), 8x
+                               # fewer slices: each one is a few kernel launches, and a GPU has the memory
+
+
+def logit_elements(device) -> int:
+    """tokens x vocabulary of one LM-head slice on `device`."""
+    return LOGIT_ELEMENTS_CUDA if torch.device(device).type == "cuda" else LOGIT_ELEMENTS
 
 
 class MemoryPlanError(ValueError):
@@ -294,7 +304,6 @@ def available(local_world: int, device: str = "cpu") -> tuple[float, str]:
     if os.environ.get("AGENTGYM_MEMORY_GB"):
         total, source = float(os.environ["AGENTGYM_MEMORY_GB"]) * GB, "AGENTGYM_MEMORY_GB"
     elif device == "cuda":
-        import torch
         return float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory), "the GPU"
     else:
         readings = {k: v for k, v in (("the cgroup limit", _cgroup_limit()), ("MemAvailable", _mem_available()))

@@ -12,7 +12,7 @@ run, how they are packed, when gradients are reduced, what is probed and counted
   is -A x ratio); when no other term touches it (no KL, no entropy bonus, no critic) its forward and backward
   are skipped. It still counts in the normaliser, so the gradient is unchanged. GRPO makes many: every group
   whose rewards are all equal.
-- **Micro-batches** within `--micro-tokens` (batch.micro_batches), padded to the same count on every rank
+- **Micro-batches** within `--micro-tokens` (`micro_batches`), padded to the same count on every rank
   with dummy micro-batches (a 2-token row, mask 0), so every rank makes the same collectives.
 - **Deferred gradient reduction on CPU.** FSDP2 reduce-scatters every backward's gradients. On CPU (gloo,
   one thread a rank) they accumulate unsharded and are reduced once, in the mini-batch's last backward:
@@ -32,10 +32,34 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-import algorithms as A
-from batch import DUMMY_WIDTH, micro_batches, pad
-from infra import faults
+from infra import faults, prefix
 from infra.distributed import all_max, all_sum
+
+
+def micro_batches(rows: list[int], lengths: torch.Tensor, budget: int, shared: dict | None = None) -> list[list[int]]:
+    """Greedy packing of rows (longest first) so that rows x padded length stays within `budget`. With
+    `shared` (the batch), for the shared-prefix forward: groups kept together, the tokens it runs within
+    `budget` (prefix.micro_batches)."""
+    if shared is not None:
+        return prefix.micro_batches(rows, shared, budget)
+    out, cur, width = [], [], 0
+    for r in sorted(rows, key=lambda r: -int(lengths[r])):
+        w = max(width, int(lengths[r]))
+        if cur and w * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur, w = [], int(lengths[r])
+        cur.append(r)
+        width = w
+    return out + ([cur] if cur else [])
+
+
+DUMMY_WIDTH = 2  # positions a padding micro-batch runs: one scored token keeps every parameter in the graph
+
+
+def pad(mbs: list[list[int]], n: int) -> list[list[int]]:
+    """FSDP2 forward/backward are collectives: every rank must run the same number of micro-batches.
+    Ranks with fewer run empty ones (a dummy row with an all-zero mask, so they add nothing)."""
+    return mbs + [[] for _ in range(n - len(mbs))]
 
 
 @dataclass
@@ -89,7 +113,7 @@ class Passes:
         mean over all ranks' tokens), its statistics, and in the first epoch the sampler probe."""
         if self.first_epoch and "sampler_logp" in self.s.batch:
             sampler = self.take(self.s.batch["sampler_logp"], mb, lp.shape[1], lp.device)
-            self.stats["sampler_gap"] += float(A.masked_sum((lp.detach() - sampler).abs(), m))
+            self.stats["sampler_gap"] += float(((lp.detach() - sampler).abs() * m).sum())
             self.stats["gap_tokens"] += float(m.sum())
         (loss * self.world).backward()
         for key in ("loss", "kl", "entropy", "value_loss"):

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import batch as B
+from infra import memplan
 from models.tiny import tiny_model_dir
 
 ONE_PROCESS = (lambda *xs: [float(x) for x in xs], lambda n: n)  # train.update's reductions in one process
@@ -42,7 +43,7 @@ def peaked():
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_sliced_head_equals_naive_values_and_gradients(peaked, temperature, monkeypatch):
     model, batch = peaked
-    monkeypatch.setattr(B, "LOGIT_ELEMENTS", 7 * model.config.vocab_size)  # 7-token slices: many of them
+    monkeypatch.setattr(memplan, "LOGIT_ELEMENTS", 7 * model.config.vocab_size)  # 7-token slices: many of them
     weights = torch.rand(3, 39, generator=torch.Generator().manual_seed(1))
     lp, ent = B.forward(model, batch, [0, 1, 2], temperature, entropy=True, entropy_grad=True)
     ref_lp, ref_ent = naive(model, batch["ids"], batch["attn"], temperature)
@@ -82,6 +83,7 @@ import json, resource, sys, torch
 sys.path.insert(0, {root!r})
 from transformers import Qwen2Config, Qwen2ForCausalLM
 import batch as B
+from infra import memplan
 torch.manual_seed(0)
 model = Qwen2ForCausalLM(Qwen2Config(vocab_size=131072, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                      num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=True))

@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from infra import decode
 import engine as engines
+from infra import engines as infra_engines
 from models import tiny
 from tests.test_engine import STOPS, check_samples, prompts_of
 
@@ -144,10 +145,10 @@ def test_a_weight_sync_drops_every_cached_row(model_dir):
 
 
 def test_auto_takes_the_own_loop_on_cuda_without_vllm(monkeypatch):
-    monkeypatch.setattr(engines, "vllm_available", lambda: False)
+    monkeypatch.setattr(infra_engines, "vllm_available", lambda: False)
     assert engines.engine_kind("auto", "cuda") == "torch" and engines.engine_kind("auto", "cuda:1") == "torch"
     assert engines.engine_kind("auto", "cpu") == "hf" and engines.engine_kind("hf", "cuda") == "hf"
-    monkeypatch.setattr(engines, "vllm_available", lambda: True)
+    monkeypatch.setattr(infra_engines, "vllm_available", lambda: True)
     assert engines.engine_kind("auto", "cuda") == "vllm"
 
 

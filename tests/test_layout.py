@@ -169,6 +169,14 @@ def test_no_module_imports_an_entry_point():
     assert not bad, "entry points are imported: " + ", ".join(bad)
 
 
+def test_the_machinery_imports_no_method_file():
+    """infra/ is what the method runs on; the method's files (the root) import it, never the other way."""
+    edges = graph()[0]
+    root = {p.stem for p in ROOT.glob("*.py")}
+    bad = [f"{v} -> {w}" for v in sorted(edges) if v.startswith("infra.") for w in sorted(edges[v]) if w in root]
+    assert not bad, "infra/ imports method files: " + ", ".join(bad)
+
+
 def test_the_root_holds_the_algorithm_and_the_entry_points():
     assert {p.name for p in ROOT.glob("*.py")} == ROOT_FILES
 

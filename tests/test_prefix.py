@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, 
 import algorithms as A
 import batch as B
 import config as configs
+from infra import passes as P
 from infra import prefix
 import train
 from rollout import Episode
@@ -98,15 +99,15 @@ def test_group_micro_batches_cover_every_row_once_within_the_budget(tiny):
     batch = B.collate(episodes(tiny.config.vocab_size, groups=4), 0)
     rows = [r for r in range(16) if r != 5]
     for budget in (40, 90, 400):
-        micro = B.micro_batches(rows, batch["attn"].sum(1), budget, batch)
+        micro = P.micro_batches(rows, batch["attn"].sum(1), budget, batch)
         assert sorted(r for mb in micro for r in mb) == rows
         for mb in micro:  # a micro-batch may pass the budget only as one row that alone exceeds it
             total = sum(prefix.cost(batch, g) for g in prefix.groups_of(mb, batch["groups"]))
             assert total <= budget or len(mb) == 1, (budget, mb, total)
     # a budget that holds a whole group keeps it together: one prefix per group and micro-batch
-    micro = B.micro_batches(rows, batch["attn"].sum(1), 400, batch)
+    micro = P.micro_batches(rows, batch["attn"].sum(1), 400, batch)
     assert all(len({int(batch["groups"][r]) for r in mb}) == len(prefix.groups_of(mb, batch["groups"])) for mb in micro)
-    assert len(micro) < len(B.micro_batches(rows, batch["attn"].sum(1), 400))
+    assert len(micro) < len(P.micro_batches(rows, batch["attn"].sum(1), 400))
 
 
 def smollm2_shaped():
@@ -307,7 +308,7 @@ def _fsdp2_against_one_process(rank):
     mine_adv = adv[rank * 6:(rank + 1) * 6, :mine["mask"].shape[1]]
     train.update(cfg, {"policy": model}, {"policy": rec}, train.Scored(mine, mine_adv, mine_adv))
     lengths = mine["attn"].sum(1)
-    micro = len(B.micro_batches(list(range(6)), lengths, cfg.micro_tokens))
+    micro = len(P.micro_batches(list(range(6)), lengths, cfg.micro_tokens))
     grads = [g.full_tensor() for g in rec.grads[0]]
     one = Recorder(base)
     train.update(cfg, {"policy": base}, {"policy": one}, train.Scored(full, adv, adv),
