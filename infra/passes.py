@@ -18,8 +18,9 @@ run, how they are packed, when gradients are reduced, what is probed and counted
   one thread a rank) they accumulate unsharded and are reduced once, in the mini-batch's last backward:
   0.95x the update's time (bench/results/update_epyc.md), at the cost of a whole fp32 gradient held per rank
   (memplan's "unsharded fp32 gradients, accumulated (CPU)"). `--grad-reduce auto` takes it only where the
-  memory plan has room for that gradient (memplan.fit), else reduces every backward. GPUs, and an imitation
-  anchor (whose backward follows), reduce every backward.
+  memory plan has room for that gradient (memplan.fit), else reduces every backward; one rank has nothing to
+  reduce (deferring saved 1% of a step and cost 454 MB: bench/results/trl_peer_grad_reduce.json). GPUs, and
+  an imitation anchor (whose backward follows), reduce every backward.
 - **The sampler probe.** In the first epoch, the mean |trainer - sampler| logprob over the policy tokens:
   a weight sync that failed shows up here (train.GAP_ALARM).
 - **The optimizer step**: the imitation anchor's gradient (--bc-anchor), the test-only fault point
@@ -79,7 +80,7 @@ class Passes:
         idle = scored.ref is None and not cfg.entropy_coef and "critic" not in models
         self.silent = set(((scored.adv * batch["mask"]) == 0).all(1).nonzero().flatten().tolist()) if idle else set()
         self.defer = next(models["policy"].parameters()).device.type == "cpu" and anchor is None and \
-            cfg.grad_reduce != "micro-batch"  # --grad-reduce, chosen by the memory plan under auto
+            cfg.grad_reduce != "micro-batch" and self.world > 1  # --grad-reduce (memplan.fit chooses under auto)
         self.stats = dict.fromkeys(("loss", "clip_frac", "kl", "entropy", "grad_norm", "value_loss", "updates",
                                     "skipped_rows", "sampler_gap", "gap_tokens", "bc_nll", "idle_steps"), 0.0)
         self.first_epoch, self.rows, self.tokens = True, [], 0

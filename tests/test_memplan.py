@@ -79,6 +79,7 @@ def test_the_deferred_gradient_reduction_is_taken_only_where_the_plan_has_room(m
     assert new == dataclasses.replace(cfg, grad_reduce="micro-batch") and "--grad-reduce micro-batch" in info["note"]
     memory(2 * (held + 0.1 * GB) / memplan.HEADROOM / GB)
     assert memplan.fit(cfg, 2, 2, "cpu", dtype)[0].grad_reduce == "mini-batch"
+    assert memplan.fit(cfg, 1, 1, "cpu", dtype)[0].grad_reduce == "micro-batch"  # one rank: nothing to reduce
     anchored = dataclasses.replace(cfg, bc_anchor=8)
     assert not memplan.defers(anchored) and memplan.fit(anchored, 2, 2, "cpu", dtype)[0].grad_reduce == "auto"
 
