@@ -122,10 +122,10 @@ def hf_tensors(model, dtype: torch.dtype):
             continue
         plain = name.replace(".base_layer.", ".")
         owner = name.rsplit(".base_layer.", 1)[0] if ".base_layer." in name else None
-        full = _full(t.detach())
-        if owner is not None and name.endswith(".base_layer.weight"):
-            full = full.float() + _delta(adapted[owner])
-        yield plain, full.to(dtype)
+        if owner is not None and name.endswith(".base_layer.weight"):  # merged in fp32, then cast
+            yield plain, (_full(t.detach()).float() + _delta(adapted[owner])).to(dtype)
+        else:  # cast before gathering: a bf16 all-gather moves half the bytes (distributed.full_tensors)
+            yield plain, _full(t.detach().to(dtype))
 
 
 def fold_into_base(model) -> None:
