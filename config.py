@@ -172,8 +172,10 @@ class Config:
     env_workers: int = doc("threads stepping environments concurrently per rank", 8)
     env_timeout: float = doc("seconds an env reset or step may take before its episode is flagged env_error and "
                              "the env replaced (a hung simulator); 0: no limit", 300.0)
-    trim_heap: bool = doc("after each step, hand the freed C heap back to the system (glibc malloc_trim, about 25 "
-                          "ms a step here): resident memory then tracks what is in use (bench/soak.py)", True)
+    trim_heap: bool = doc("after each update and the warm start, hand the freed C heap back to the system (glibc "
+                          "malloc_trim, 20-250 ms here): resident memory then tracks what is in use (bench/soak.py), "
+                          "and the generator wakes beside it, not beside the update's peak (docs/performance.md)",
+                          True)
     memory_check: str = doc("before any model loads, a rank's planned peak (memplan.py) against the memory it can "
                             "have: adapt (lower --micro-tokens, turn on --checkpointing, say so), stop (a one-line "
                             "error naming the flag), off", "adapt")

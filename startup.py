@@ -22,9 +22,9 @@ import envs
 import warmstart
 from engine import make_engine
 from envs.agentgym import task_ids
-from infra import checkpoint, console, lifeline, lora, memplan
+from infra import checkpoint, console, lifeline, lora, memplan, peaks
 from infra.distributed import load, print0, setup_distributed, sync
-from infra.runlog import RunLog
+from infra.runlog import RunLog, trim_heap
 from models import resolve_model
 from rollout import ChatFormat, Play
 from studies import Studies
@@ -120,6 +120,7 @@ def setup(argv) -> Run:
     # LoRA (infra/lora.py): the base RL starts from, its adapters from the checkpoint when resuming
     adapters = lora.config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets, start_path) \
         if cfg.lora_rank else None
+    peaks.enter("load")  # the models read and sharded (infra/peaks.py: each phase's peak memory)
     policy = load(AutoModelForCausalLM, start_path if adapters else policy_path, mesh, d.dtype, cfg.checkpointing,
                   train_layers=cfg.train_layers, lora=adapters)
     trained = [p for p in policy.parameters() if p.requires_grad]
@@ -144,10 +145,12 @@ def setup(argv) -> Run:
     warm = lambda u: min(1.0, (done_updates + u + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0  # noqa: E731
     schedulers = {k: torch.optim.lr_scheduler.LambdaLR(o, warm) for k, o in optimizers.items()}
 
+    peaks.leave()
     per_rank = cfg.tasks_per_step * cfg.samples_per_task // world
-    engine = make_engine(policy_path, cfg.engine, d.device, d.dtype, cfg.max_context, seed,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, max_seqs=per_rank,
-                         compile=cfg.compile_generator)
+    with peaks.phase("engine"):
+        engine = make_engine(policy_path, cfg.engine, d.device, d.dtype, cfg.max_context, seed,
+                             gpu_memory_utilization=cfg.gpu_memory_utilization, max_seqs=per_rank,
+                             compile=cfg.compile_generator)
     env_pool = [envs.make(cfg.env, **d.env_options) for _ in range(per_rank)]
     train_ids, val_ids = env_pool[0].tasks("train"), env_pool[0].tasks("val")[:cfg.eval_tasks] if cfg.eval_every else []
     if cfg.tasks_file:  # AgentGym-RL's task list instead of the train split (checked in config.check)
@@ -161,9 +164,13 @@ def setup(argv) -> Run:
               threads=threads, chat=chat, tokenizer=tokenizer, train_ids=train_ids, val_ids=val_ids, start=start,
               log=RunLog(out, cfg.steps, start, d.schedule) if rank == 0 else None, adapters=adapters)
     if cfg.bc_episodes and not resume_from and not warm_done:
-        engine.sleep()  # the GPU memory it holds is the warm start's; sync() reloads the weights
-        warmstart.run(run, warm_dir)
-        sync(engine, policy, getattr(torch, d.dtype))
+        with peaks.phase("warmstart"):
+            engine.sleep()  # the GPU memory it holds is the warm start's; sync() reloads the weights
+            warmstart.run(run, warm_dir)
+        if cfg.trim_heap:  # the imitation's freed heap back to the system before the generator wakes
+            trim_heap()
+        with peaks.phase("sync"):
+            sync(engine, policy, getattr(torch, d.dtype))
     run.studies = Studies.from_run(run, getattr(env_pool[0], "level", env_pool[0].subtask), start)
     return run
 

@@ -40,9 +40,9 @@ import torch.distributed as dist
 import algorithms as A
 import gigpo
 from batch import collate, forward, score
-from infra import checkpoint, lifeline
+from infra import checkpoint, lifeline, peaks
 from infra.distributed import all_max, all_sum, print0, sync
-from infra.runlog import log_episodes, log_outcomes, memory_metrics, rollout_metrics, trim_heap
+from infra.runlog import log_episodes, log_outcomes, memory_metrics, phase_metrics, rollout_metrics, trim_heap
 from stepplan import rank_share, tasks_for_step
 from infra.passes import Passes, micro_batches, pad
 from rollout import play_rounds, rollout
@@ -166,17 +166,20 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     horizon = d.schedule.max_turns(step)
     tasks = run.studies.tasks(step) or tasks_for_step(run.train_ids, step, cfg.tasks_per_step, cfg.seed)
     mine = rank_share(tasks, cfg.samples_per_task, run.rank, run.world)  # every rank a part of every group
-    run.engine.wake()
-    episodes, rt = rollout(run.engine, run.chat, run.env_pool, run.make_env, mine,
-                           run.play(horizon, seed=(cfg.seed * 7919 + step) * 131), run.threads, run.rank * run.per_rank)
-    run.engine.sleep()
+    with peaks.phase("generate"):
+        run.engine.wake()
+        episodes, rt = rollout(run.engine, run.chat, run.env_pool, run.make_env, mine,
+                               run.play(horizon, seed=(cfg.seed * 7919 + step) * 131), run.threads,
+                               run.rank * run.per_rank)
+        run.engine.sleep()
     timing.update({f"time/{k}": v for k, v in rt.items()})
     batch = collate(episodes, run.tokenizer.pad_token_id or 0, cfg.reward, cfg.success_bonus)
     batch["rewards"] = run.studies.rewards(episodes, batch["rewards"])
 
     # (2) logprobs before the update: the "old" policy, the reference, the critic's values
     t = time.perf_counter()
-    old, ref_lp, values = score_batch(run, batch)
+    with peaks.phase("logprobs"):
+        old, ref_lp, values = score_batch(run, batch)
     timing["time/logprobs"] = time.perf_counter() - t
 
     # (3) advantages, with group statistics over the whole step (algorithms.advantages)
@@ -193,14 +196,18 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     # (4) the update: epochs x mini-batches x micro-batches, every loss over the global token count
     t = time.perf_counter()
     scored = Scored(batch, adv, returns, old, ref_lp, values, run.kl_in_reward)
-    stats = update(cfg, run.models, run.optimizers, scored, run.schedulers, seed=cfg.seed * 31 + step, apply=stepped,
-                   extra_gradient=run.studies.anchor)
+    with peaks.phase("update"):
+        stats = update(cfg, run.models, run.optimizers, scored, run.schedulers, seed=cfg.seed * 31 + step,
+                       apply=stepped, extra_gradient=run.studies.anchor)
     timing["time/update"] = time.perf_counter() - t
+    if cfg.trim_heap:  # the update's freed heap back to the system before the engine wakes (--trim-heap)
+        timing["time/trim"] = trim_heap()
 
     # (5) weight sync into this rank's generator
     t = time.perf_counter()
-    run.engine.wake()  # even for weights held back (--min-groups): a GPU engine's sleep discarded its copy
-    sync(run.engine, run.models["policy"], getattr(torch, d.dtype))
+    with peaks.phase("sync"):
+        run.engine.wake()  # even for weights held back (--min-groups): a GPU engine's sleep discarded its copy
+        sync(run.engine, run.models["policy"], getattr(torch, d.dtype))
     timing["time/sync"] = time.perf_counter() - t
 
     # (6) log, evaluate on the validation split, checkpoint
@@ -257,14 +264,14 @@ def log_step(run: Run, step: int, metrics: dict, stats: dict, timing: dict, eval
         print0(f"\nwarning: step {step}: trainer and sampler logprobs differ by {metrics['sampler_gap']:.2f} "
                "per token; the engine's weights may not match the policy (check the weight sync)")
     metrics["lr"] = run.schedulers["policy"].get_last_lr()[0]
-    if cfg.trim_heap:  # see runlog.memory_metrics
-        timing["time/trim"] = trim_heap()
     metrics.update({k: all_sum(v)[0] / world for k, v in timing.items()})
     metrics.update(memory_metrics())
     if evaluate:
         t = time.perf_counter()
-        metrics.update(quick_eval(run, step))
+        with peaks.phase("eval"):
+            metrics.update(quick_eval(run, step))
         metrics["time/eval"] = time.perf_counter() - t
+    metrics.update(phase_metrics())  # each phase's peak this step (infra/peaks.py)
     if run.log:
         run.log.log(step, metrics)
 
@@ -273,8 +280,9 @@ def save(run: Run, step: int) -> None:
     """A checkpoint after `step` (checkpoint.py); a failed save stops every rank with the fix."""
     t, root = time.perf_counter(), run.out / "checkpoints"
     try:
-        checkpoint.save(root, step + 1, run.models, run.optimizers, run.tokenizer, run.rank, run.world, run.cfg.keep,
-                        run.d.sharded, getattr(torch, run.d.dtype), run.adapters)
+        with peaks.phase("save"):  # its peak is in the next step's metrics and the run's last line
+            checkpoint.save(root, step + 1, run.models, run.optimizers, run.tokenizer, run.rank, run.world,
+                            run.cfg.keep, run.d.sharded, getattr(torch, run.d.dtype), run.adapters)
     except checkpoint.CheckpointError as exc:  # raised on every rank alike: all stop, none waits
         if run.rank == 0:
             print(f"\nerror: {exc}; {checkpoint.latest(root) or 'no earlier checkpoint'} is intact. "
@@ -288,7 +296,8 @@ def start_evaluation(run: Run) -> dict:
     cfg = run.cfg
     if not (cfg.eval_every and cfg.eval_tasks and run.start == 0):
         return {}
-    first = quick_eval(run, run.start, "eval_start")
+    with peaks.phase("eval"):
+        first = quick_eval(run, run.start, "eval_start")
     print0(f"held-out validation success before RL: {first['eval_start/success']:.3f} ({len(run.val_ids)} tasks)")
     return first
 

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from infra import checkpoint, lora
+from infra import checkpoint, lora, peaks
 
 from batch import collate, forward
 from infra.distributed import all_max, all_sum, print0
@@ -163,7 +163,8 @@ def run(run, warm_dir) -> None:
     directory, for evaluate.py and --resume) and, with a KL term, copied into the reference model."""
     cfg, policy, ref, tokenizer = run.cfg, run.models["policy"], run.ref, run.tokenizer
     t = time.perf_counter()
-    episodes = demonstrations(run, cfg.bc_episodes, cfg.seed)
+    with peaks.phase("warmstart.demonstrations"):  # infra/peaks.py: each phase's peak memory
+        episodes = demonstrations(run, cfg.bc_episodes, cfg.seed)
     trained = [p for p in policy.parameters() if p.requires_grad]  # --train-layers may freeze some
     optimizer = torch.optim.AdamW(trained, lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
     log = []  # warmstart.jsonl: the warm start's own metrics (a control run has no RL step to log)
@@ -173,16 +174,18 @@ def run(run, warm_dir) -> None:
         print0(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")
     # --bc-seconds counts from the start of the warm start (expert episodes included), like RL's wall time
     budget = max(cfg.bc_seconds - (time.perf_counter() - t), 1e-9) if cfg.bc_seconds else 0.0
-    losses = clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens, cfg.seed,
-                   tokenizer.pad_token_id or 0, all_sum, all_max, run.world, progress=progress, seconds=budget)
+    with peaks.phase("warmstart.imitate"):
+        losses = clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens, cfg.seed,
+                       tokenizer.pad_token_id or 0, all_sum, all_max, run.world, progress=progress, seconds=budget)
     del optimizer
-    if lora.active(policy):  # the imitated adapters become the base, so the KL's reference (adapters off) and
-        lora.fold_into_base(policy)  # a resumed run's base are the warm start (infra/lora.py)
-        run.adapters.base_model_name_or_path = str(warm_dir)
-    checkpoint.save_model(warm_dir, policy, tokenizer, run.rank)
-    if ref is not None and not isinstance(ref, lora.Base):
-        with torch.no_grad():
-            ref.load_state_dict(policy.state_dict())
+    with peaks.phase("warmstart.save"):
+        if lora.active(policy):  # the imitated adapters become the base, so the KL's reference (adapters off)
+            lora.fold_into_base(policy)  # and a resumed run's base are the warm start (infra/lora.py)
+            run.adapters.base_model_name_or_path = str(warm_dir)
+        checkpoint.save_model(warm_dir, policy, tokenizer, run.rank)
+        if ref is not None and not isinstance(ref, lora.Base):
+            with torch.no_grad():
+                ref.load_state_dict(policy.state_dict())
     cut = f" (--bc-seconds {cfg.bc_seconds:g} reached: {len(losses)} optimizer steps)" if cfg.bc_seconds else ""
     nll = f"NLL {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "no optimizer step"
     print0(f"warm start done in {time.perf_counter() - t:.0f}s{cut}: {nll}; saved {warm_dir}")

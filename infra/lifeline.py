@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import resource
 import signal
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from infra import console
+from infra import console, peaks
 from infra.distributed import print0
 from infra.envcalls import abandoned
 
@@ -50,15 +49,8 @@ def directory() -> Path | None:
 
 
 def _rss() -> tuple[float, float]:
-    """Resident bytes now and at peak (VmRSS, ru_maxrss)."""
-    now = 0.0
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                now = int(line.split()[1]) * 1024.0
-    except OSError:
-        pass
-    return now, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+    """Resident bytes now and at peak (the whole process's, across infra/peaks.py's per-phase resets)."""
+    return peaks.resident(), peaks.top()
 
 
 def start(rank: int, note: str | None = None, plan: float | None = None, share: float | None = None) -> None:
@@ -203,14 +195,20 @@ def _on_term(signum, frame) -> None:
 
 
 def peak_report() -> str:
-    """The peak resident memory of every rank against the plan (a collective; rank 0 prints it at the end)."""
-    import torch.distributed as dist
-
-    peaks = [None] * dist.get_world_size()
-    dist.all_gather_object(peaks, _rss()[1])
+    """The peak resident memory of every rank against the plan, then each phase's peak on its largest rank
+    (infra/peaks.py): a collective; rank 0 prints it at the end."""
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, (peaks.top(), peaks.of_phases()))
     plan = _STATE.get("plan")
-    text = ", ".join(f"{p / GB:.2f}" for p in peaks)
-    return f"peak resident memory per rank: {text} GB" + (f" (planned peak {plan / GB:.2f} GB)" if plan else "")
+    text = ", ".join(f"{top / GB:.2f}" for top, _ in ranks)
+    line = f"peak resident memory per rank: {text} GB" + (f" (planned peak {plan / GB:.2f} GB)" if plan else "")
+    phases = {}
+    for _, of in ranks:
+        for name, value in of.items():
+            phases[name] = max(phases.get(name, 0.0), value)
+    if phases:
+        line += "; by phase, largest rank: " + ", ".join(f"{k} {v / GB:.2f}" for k, v in phases.items())
+    return line
 
 
 def finish(env_pool, threads, engine, log, code: int = 0) -> None:

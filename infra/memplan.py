@@ -32,6 +32,10 @@ The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
   LoRA (--lora-rank)       gradients, moments and the CPU's accumulated gradients count the adapters'
                                   parameters only (infra/lora.py), the root has none, and there is no
                                   reference model (the policy with its adapters off)
+  --train-layers N         gradients, moments and accumulated gradients count the top N blocks, the
+                                  final norm and an untied head (distributed.freeze_below); a tied head
+                                  (the frozen embedding) has no gradient; activations are kept for the N
+                                  blocks backward runs through, not for all L
   LM-head slice            28 x n x V bytes, n = min(T, logit_elements // V) (the LM-head slices of batch.py): logits in c
                                   and fp32, logsumexp and softmax temporaries and their gradients
                                   (measured 29 bytes per slice element in bf16, 26 in fp32)
@@ -173,18 +177,23 @@ def vllm_cpu_kv_gib(s: Shape, dtype: str, max_context: int, seqs: int, cap: int 
 def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl: bool, engine: str, device: str,
          gpu_gb: float = 80.0, gpu_util: float = 0.5, runtime: float = 0.0, max_context: int = 3072,
          seqs: int = 16, critic: bool = False, grads_resident: bool = False, adapters: int = 0,
-         deferred: bool = True) -> dict:
+         deferred: bool = True, train_layers: int = 0) -> dict:
     """Bytes per rank of each row, for the training phase, the rollout phase and loading (and, on GPU,
     rank 0's host memory while it loads). `grads_resident`: gradients live through rollouts (--min-groups).
     `adapters`: LoRA's trained parameters (infra/lora.py): gradients and moments only for them, the root
     frozen, the KL's reference the policy itself. `deferred`: a CPU run reduces gradients once a mini-batch
-    (--grad-reduce), holding them unsharded in fp32 until then."""
+    (--grad-reduce), holding them unsharded in fp32 until then. `train_layers`: only the top N blocks, the
+    final norm and an untied head train, and backward stops at the lowest of them."""
     c = 2 if dtype == "bfloat16" else 4
     P, W, T = s.params, world, tokens
-    G = adapters or P  # the parameters that get gradients and AdamW moments
+    head = 0 if s.tied else s.V * s.H  # an untied head trains under --train-layers; a tied one is the embedding
+    # the parameters that get gradients and AdamW moments, and those of the root among them
+    G, root = (adapters, 0) if adapters else (train_layers * s.block + s.H + head, s.H + head) if train_layers \
+        else (P, s.root)
     A = c * (8 * s.H + 3 * s.kv + 5 * s.I) + 16 * s.H           # activation bytes of one block, per token
     n = min(T, max(1, logit_elements(device) // s.V))
-    acts = (s.L * T * s.H * c + 2 * T * A) if checkpointing else (s.L * T * A + T * A)
+    blocks = train_layers or s.L  # the blocks backward runs through, whose activations are kept
+    acts = (blocks * T * s.H * c + 2 * T * A) if checkpointing else (blocks * T * A + T * A)
     state = {
         "sharded fp32 parameters (masters)": 4 * P / W,
         "sharded fp32 gradients": 4 * G / W,
@@ -196,7 +205,7 @@ def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl:
         **state,
         "unsharded compute copies (root + 2 blocks)": c * (s.root + 2 * s.block),
         "unsharded root gradients (+ fp32 for reduce)":
-            0.0 if adapters else s.root * (c + (4 if c != 4 else 0)) + (s.V * s.H * c if s.tied else 0),
+            root * (c + (4 if c != 4 else 0)) + (s.V * s.H * c if s.tied and root == s.root else 0),
         # on CPU, train.update reduces gradients once a mini-batch: until then each rank accumulates them
         # unsharded, in fp32 (every parameter counted, trained or not: an upper bound)
         "unsharded fp32 gradients, accumulated (CPU)": 4 * G if device == "cpu" and deferred else 0.0,
@@ -331,7 +340,8 @@ def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None
                 runtime=runtime, max_context=cfg.max_context, seqs=seqs, critic=getattr(cfg, "algo", "") == "ppo",
                 grads_resident=getattr(cfg, "min_groups", 0) > 0,
                 deferred=defers(cfg) if deferred is None else deferred,
-                adapters=lora.param_count(s, cfg.lora_rank, cfg.lora_targets) if getattr(cfg, "lora_rank", 0) else 0)
+                adapters=lora.param_count(s, cfg.lora_rank, cfg.lora_targets) if getattr(cfg, "lora_rank", 0) else 0,
+                train_layers=getattr(cfg, "train_layers", 0))
 
 
 def defers(cfg) -> bool:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from infra import peaks
 from infra.trackers import Trackers, chosen
 
 
@@ -129,10 +130,23 @@ def memory_metrics() -> dict:
         if value == value:  # not NaN: no reading off Linux or glibc
             out[key] = value
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # the GPU's own peak, beside memplan's plan
-        gpu = torch.tensor([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()],
+        gpu = torch.tensor([peaks.gpu_top(), torch.cuda.max_memory_reserved()],
                            dtype=torch.float64) / 2**20
         dist.all_reduce(gpu, op=dist.ReduceOp.MAX)
         out["mem/gpu_peak_mb"], out["mem/gpu_reserved_mb"] = gpu.tolist()
+    return out
+
+
+def phase_metrics() -> dict:
+    """The peak resident memory of each phase since the last call (infra/peaks.py), on the largest rank, in MB:
+    `mem/peak/generate_mb`, `mem/peak/update_mb`, ... A collective."""
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, peaks.take())
+    out = {}
+    for of in ranks:
+        for name, value in of.items():
+            key = f"mem/peak/{name.replace(' ', '_')}_mb"
+            out[key] = max(out.get(key, 0.0), value / 2**20)
     return out
 
 

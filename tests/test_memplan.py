@@ -72,8 +72,9 @@ def test_the_deferred_gradient_reduction_is_taken_only_where_the_plan_has_room(m
     cfg = config.parse(["--model", "smollm2", "--env", "babyai"])
     held = memplan.peak(memplan.rank_plan(cfg, 2, "cpu", dtype))
     each = memplan.peak(memplan.rank_plan(dataclasses.replace(cfg, grad_reduce="micro-batch"), 2, "cpu", dtype))
-    params = memplan.shape(memplan.model_config("smollm2")).params
-    assert abs(held - each - 4 * params) < 0.05 * GB  # the row: a whole fp32 gradient (RSS moves a little)
+    s = memplan.shape(memplan.model_config("smollm2"))
+    trained = cfg.train_layers * s.block + s.H  # the recipe's top blocks and the final norm
+    assert abs(held - each - 4 * trained) < 0.05 * GB  # the row: a whole fp32 gradient (RSS moves a little)
     memory(2 * (held + each) / 2 / memplan.HEADROOM / GB)  # two ranks, a share between the two plans
     new, info = memplan.fit(cfg, 2, 2, "cpu", dtype)
     assert new == dataclasses.replace(cfg, grad_reduce="micro-batch") and "--grad-reduce micro-batch" in info["note"]
@@ -93,6 +94,23 @@ def test_plan_grows_with_what_it_should():
     assert total(kl=True) > total() and total(critic=True) > total()
     assert total(dtype="bfloat16") < total()
     assert total(world=4) < total()                           # sharded state shrinks with ranks
+
+
+@pytest.mark.parametrize("model", ["smollm2", "qwen2.5-7b"])
+def test_train_layers_counts_the_trained_blocks_and_an_untied_head(model):
+    """--train-layers N: gradients, moments and the CPU's held gradient for the top N blocks, the final norm
+    and an untied head only; activations for the N blocks backward runs through."""
+    s = memplan.shape(memplan.model_config(model))
+    base = dict(world=2, dtype="bfloat16", checkpointing=False, tokens=2048, kl=False, engine="hf", device="cpu")
+    full, top = (memplan.plan(s, **base, train_layers=n)["train"] for n in (0, 10))
+    trained = 10 * s.block + s.H + (0 if s.tied else s.V * s.H)
+    assert top["AdamW moments (fp32)"] == 8 * trained / 2 and top["sharded fp32 gradients"] == 4 * trained / 2
+    assert top["unsharded fp32 gradients, accumulated (CPU)"] == 4 * trained
+    assert top["sharded fp32 parameters (masters)"] == full["sharded fp32 parameters (masters)"]  # all of it kept
+    acts = next(k for k in top if k.startswith("activations"))
+    assert full[acts] - top[acts] == (s.L - 10) * 2048 * (2 * (8 * s.H + 3 * s.kv + 5 * s.I) + 16 * s.H)
+    root = "unsharded root gradients (+ fp32 for reduce)"
+    assert top[root] == (trained - 10 * s.block) * (2 + 4) < full[root]  # bf16 + fp32; a tied head is frozen
 
 
 def test_train_refuses_before_start_up_when_nothing_fits(tmp_path):
