@@ -5,6 +5,7 @@ measured on this machine's CPU.
     python bench/memory_plan.py --model qwen2.5-7b --world 8 --gpu-gb 80                # the paper's setting
     python bench/memory_plan.py --model smollm2-135m --world 2 --device cpu --engine none --kl-coef 0
     python bench/memory_plan.py --model path/to/config.json --world 4 --no-checkpointing
+    python bench/memory_plan.py --world 1 --gpu-gb 139 --lora-rank 32                  # LoRA on one H200
     python bench/memory_plan.py --compare /tmp/smollm2.json /tmp/tiny.json   # bench/train_step.py --json
 
 Models: built-in `qwen2.5-7b` and `smollm2-135m` configs, `tiny`/`smollm2`, or any HF config.json (or a
@@ -24,6 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from infra import lora  # noqa: E402
 from infra.memplan import GB, MB, Shape, model_config as load_config, plan, shape  # noqa: E402
 
 
@@ -94,6 +96,8 @@ def main() -> None:
     parser.add_argument("--runtime-gb", type=float, default=1.0, help="CUDA context and allocator slack per rank")
     parser.add_argument("--max-context", type=int, default=16384, help="token cap of an episode (CPU vLLM's KV)")
     parser.add_argument("--seqs", type=int, default=16, help="episodes per rank (CPU vLLM's KV cache)")
+    parser.add_argument("--lora-rank", type=int, default=0, help="train.py --lora-rank (every linear layer)")
+    parser.add_argument("--train-layers", type=int, default=0, help="train.py --train-layers")
     parser.add_argument("--compare", nargs="+", metavar="JSON", help="bench/train_step.py --json files")
     args = parser.parse_args()
     if args.compare:
@@ -102,7 +106,8 @@ def main() -> None:
     s = shape(load_config(args.model))
     runtime = args.runtime_gb * GB if args.device == "cuda" else 0.0
     p = plan(s, args.world, args.dtype, not args.no_checkpointing, args.micro_tokens, args.kl_coef > 0, args.engine,
-             args.device, args.gpu_gb, args.gpu_util, runtime, args.max_context, args.seqs)
+             args.device, args.gpu_gb, args.gpu_util, runtime, args.max_context, args.seqs, train_layers=args.train_layers,
+             adapters=lora.param_count(s, args.lora_rank, lora.TARGETS) if args.lora_rank else 0)
     show(args.model, s, p, args)
 
 

@@ -56,7 +56,6 @@ import argparse
 import dataclasses
 import json
 import os
-import resource
 import shutil
 import sys
 import time
@@ -70,7 +69,7 @@ import algorithms as A  # noqa: E402
 import config as configs  # noqa: E402
 import batch as batch_  # noqa: E402
 from infra import distributed, passes  # noqa: E402
-from infra import lora, memplan, runlog  # noqa: E402
+from infra import lora, memplan, peaks, runlog  # noqa: E402
 import train  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
 import plain_step  # noqa: E402  (bench/, the script's own folder)
@@ -86,35 +85,19 @@ OVERHEAD = ("collate", "advantages", "sync", "log")                   # neither 
 # ------------------------------------------------------------------ memory figures (Linux /proc)
 
 def rss_mb(field: str = "VmRSS") -> float:
-    """VmRSS (resident now) or VmHWM (peak since start or the last `reset_peak`) in MB; NaN off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
-_EARLIER_PEAK = [0.0]  # the highest peak before the last reset_peak
+    """VmRSS (resident now) or VmHWM (peak since start or the last `reset_peak`) in MB (infra/peaks.py)."""
+    return (peaks.resident() if field == "VmRSS" else peaks.mark()) / 2**20
 
 
 def reset_peak() -> bool:
-    """Reset the peak RSS (VmHWM, and with it ru_maxrss) to the current RSS (Linux >= 4.0, writing 5 to
-    clear_refs); the peak so far is kept, so `maxrss_mb` stays the whole process's peak."""
-    _EARLIER_PEAK[0] = max(_EARLIER_PEAK[0], maxrss_mb())
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+    """Reset the peak RSS (VmHWM, and with it ru_maxrss) to the current RSS; the peak so far is kept, so
+    `maxrss_mb` stays the whole process's peak. False where the kernel cannot reset it."""
+    return peaks.reset()
 
 
 def maxrss_mb() -> float:
-    """The process's peak RSS in MB: getrusage's ru_maxrss (KB on Linux), across `reset_peak` calls."""
-    return max(_EARLIER_PEAK[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    """The process's peak RSS in MB, across `reset_peak` calls."""
+    return peaks.top() / 2**20
 
 
 # ------------------------------------------------------------------ the step

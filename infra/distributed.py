@@ -47,23 +47,31 @@ def backend(device: str) -> str:
 def shard(model, mesh, dtype: str, checkpointing: bool, trainable: bool = True, train_layers: int = 0,
           lora: bool = False):
     """FSDP2: each decoder block is its own shard group, then the root (embeddings, norm, head).
-    On GPU parameters compute in bf16 with fp32 gradient reduction; fp32 masters stay sharded.
+    In bf16 parameters compute in bf16 with fp32 gradient reduction; the trained ones' fp32 masters stay
+    sharded, and frozen ones are kept in bf16 (a LoRA base, --train-layers' lower blocks, the reference).
     `train_layers` N > 0 trains only the top N decoder blocks and the final norm (see `freeze_below`);
     `lora`: only the adapters infra/lora.py injected train (a block shards its base weights and adapters together)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if checkpointing and trainable:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if dtype == "bfloat16" else None
-    kw = {"mesh": mesh, **({"mp_policy": mp} if mp else {})}
-    for block in model.model.layers:
-        fully_shard(block, **kw)
-    fully_shard(model, **kw)
     model.requires_grad_(trainable)
     if trainable and lora:
         train_only_adapters(model)
     if trainable and train_layers:
         freeze_below(model, train_layers)
+    if dtype == "bfloat16":
+        # A frozen weight is only ever read in bf16 (the all-gather casts every parameter to it), so it is kept
+        # in bf16: half the bytes of a LoRA base, of --train-layers' frozen blocks and of the KL reference, with
+        # the same forward. FSDP2 needs one dtype among a group's trained parameters only, which stay fp32.
+        for p in model.parameters():
+            if not p.requires_grad:
+                p.data = p.data.to(torch.bfloat16)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if dtype == "bfloat16" else None
+    kw = {"mesh": mesh, **({"mp_policy": mp} if mp else {})}
+    for block in model.model.layers:
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
     # from_pretrained returns eval mode, in which transformers skips activation checkpointing: the
     # trained models run in train mode (their dropout rates are 0), the frozen reference in eval mode.
     model.train(trainable)

@@ -16,8 +16,9 @@ head_dim, W ranks, T tokens of the largest micro-batch (rows x padded width: the
 episode of `max_context` tokens when that is longer), c bytes of the compute dtype (2 bf16, 4 fp32).
 The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
 
-  sharded fp32 parameters  4P/W   the fp32 masters: FSDP2 keeps no other fp32 copy (MixedPrecisionPolicy
-                                  casts them to bf16 at each all-gather)
+  sharded parameters       4P/W   the fp32 masters: FSDP2 keeps no other fp32 copy (MixedPrecisionPolicy
+                                  casts them to bf16 at each all-gather); in bf16 a frozen parameter (a
+                                  LoRA base, --train-layers' frozen blocks) is kept in bf16: c per frozen one
   sharded fp32 gradients   4P/W   reduce_dtype float32, kept from the first backward to zero_grad
   AdamW moments            8P/W   exp_avg and exp_avg_sq, fp32, sharded
   unsharded compute copies c x (root + 2 blocks): the root group (embeddings, untied head, final norm)
@@ -27,7 +28,7 @@ The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
                                   contributions exist apart before they are summed); on CPU also 4P,
                                   the fp32 gradients accumulated between a mini-batch's reductions, where
                                   the plan has room for them (--grad-reduce auto; `fit` drops them first)
-  reference model          4P/W sharded (train.main reshards the frozen reference after scoring)
+  reference model          cP/W sharded, frozen (train.main reshards it after scoring)
   critic                   the policy's first five rows again (PPO only; its head is one output)
   LoRA (--lora-rank)       gradients, moments and the CPU's accumulated gradients count the adapters'
                                   parameters only (infra/lora.py), the root has none, and there is no
@@ -194,22 +195,21 @@ def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl:
     n = min(T, max(1, logit_elements(device) // s.V))
     blocks = train_layers or s.L  # the blocks backward runs through, whose activations are kept
     acts = (blocks * T * s.H * c + 2 * T * A) if checkpointing else (blocks * T * A + T * A)
+    frozen = P - G + adapters  # distributed.shard keeps them in the compute dtype (LoRA: the whole base)
     state = {
-        "sharded fp32 parameters (masters)": 4 * P / W,
+        "sharded parameters (fp32 masters, frozen in c)": (4 * G + c * frozen) / W,
         "sharded fp32 gradients": 4 * G / W,
         "AdamW moments (fp32)": 8 * G / W,
     }
-    if adapters:  # the adapters themselves, on top of the frozen base's masters
-        state["sharded fp32 parameters (masters)"] += 4 * adapters / W
     train = {
         **state,
         "unsharded compute copies (root + 2 blocks)": c * (s.root + 2 * s.block),
         "unsharded root gradients (+ fp32 for reduce)":
             root * (c + (4 if c != 4 else 0)) + (s.V * s.H * c if s.tied and root == s.root else 0),
         # on CPU, train.update reduces gradients once a mini-batch: until then each rank accumulates them
-        # unsharded, in fp32 (every parameter counted, trained or not: an upper bound)
+        # unsharded, in fp32 (every trained parameter: an upper bound)
         "unsharded fp32 gradients, accumulated (CPU)": 4 * G if device == "cpu" and deferred else 0.0,
-        "reference model (sharded)": (4 * P / W) if kl and not adapters else 0.0,
+        "reference model (sharded)": (c * P / W) if kl and not adapters else 0.0,
         "critic (sharded state)": 16 * P / W if critic else 0.0,  # masters, gradients, moments: never LoRA
         f"LM-head slice ({n} tokens x {s.V})": SLICE_BYTES * n * s.V,
         f"activations ({T} tokens, {'checkpointing' if checkpointing else 'no checkpointing'})":
@@ -223,7 +223,7 @@ def plan(s: Shape, world: int, dtype: str, checkpointing: bool, tokens: int, kl:
     train["generator (" + ("asleep" if engine == "vllm" else engine) + ")"] = (
         engine_bytes if engine != "vllm" else s.V * s.H * c if device == "cpu" else VLLM_GPU_ASLEEP)
     train["runtime"] = runtime
-    kept = ("sharded fp32 par", "AdamW", "reference", "critic", "runtime") + (("sharded fp32 grad",) if grads_resident
+    kept = ("sharded par", "AdamW", "reference", "critic", "runtime") + (("sharded fp32 grad",) if grads_resident
                                                                              else ())
     rollout = {k: v for k, v in train.items() if k.startswith(kept)}
     gen = engine_bytes if not (engine == "vllm" and device == "cuda") else gpu_util * gpu_gb * GB

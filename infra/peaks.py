@@ -52,6 +52,11 @@ def resident() -> float:
     return _status("VmRSS") or 0.0
 
 
+def mark() -> float:
+    """The resident high-water mark since the last reset (or the process's start), in bytes (0 off Linux)."""
+    return _status("VmHWM") or 0.0
+
+
 def _maxrss() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # KB on Linux
 

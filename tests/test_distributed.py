@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 import algorithms as A
 import config as configs
-from infra import distributed
+from infra import distributed, peaks
 import train
 from studies import Studies
 
@@ -180,16 +180,13 @@ def test_train_layers_updates_only_the_top_blocks_and_final_norm():
 
 def _peak_rss_mb() -> float:
     """This process's peak resident set since the last `_reset_peak` (VmHWM), in MB."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    return peaks.mark() / 2**20
 
 
 def _reset_peak() -> float:
-    """Restart the peak-RSS count from the current RSS (Linux: clear_refs 5); returns the current RSS in MB."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    """Restart the peak-RSS count from the current RSS (infra/peaks.py); returns the current RSS in MB."""
+    assert peaks.reset()
+    return peaks.resident() / 2**20
 
 
 def _load_peak(path, how, rank):

@@ -106,7 +106,8 @@ def test_train_layers_counts_the_trained_blocks_and_an_untied_head(model):
     trained = 10 * s.block + s.H + (0 if s.tied else s.V * s.H)
     assert top["AdamW moments (fp32)"] == 8 * trained / 2 and top["sharded fp32 gradients"] == 4 * trained / 2
     assert top["unsharded fp32 gradients, accumulated (CPU)"] == 4 * trained
-    assert top["sharded fp32 parameters (masters)"] == full["sharded fp32 parameters (masters)"]  # all of it kept
+    masters = "sharded parameters (fp32 masters, frozen in c)"  # the frozen blocks kept in bf16
+    assert top[masters] == (4 * trained + 2 * (s.params - trained)) / 2 and full[masters] == 4 * s.params / 2
     acts = next(k for k in top if k.startswith("activations"))
     assert full[acts] - top[acts] == (s.L - 10) * 2048 * (2 * (8 * s.H + 3 * s.kv + 5 * s.I) + 16 * s.H)
     root = "unsharded root gradients (+ fp32 for reduce)"
