@@ -173,6 +173,8 @@ def train_step(run: Run, step: int, first: dict) -> bool:
                                run.rank * run.per_rank)
         run.engine.sleep()
     timing.update({f"time/{k}": v for k, v in rt.items()})
+    if cfg.trim_heap:  # what generation freed back to the system before the update (--trim-heap, infra/peaks.py)
+        timing["time/trim"] = trim_heap()
     batch = collate(episodes, run.tokenizer.pad_token_id or 0, cfg.reward, cfg.success_bonus)
     batch["rewards"] = run.studies.rewards(episodes, batch["rewards"])
 
@@ -200,8 +202,8 @@ def train_step(run: Run, step: int, first: dict) -> bool:
         stats = update(cfg, run.models, run.optimizers, scored, run.schedulers, seed=cfg.seed * 31 + step,
                        apply=stepped, extra_gradient=run.studies.anchor)
     timing["time/update"] = time.perf_counter() - t
-    if cfg.trim_heap:  # the update's freed heap back to the system before the engine wakes (--trim-heap)
-        timing["time/trim"] = trim_heap()
+    if cfg.trim_heap:  # and what the update freed, before the engine wakes
+        timing["time/trim"] += trim_heap()
 
     # (5) weight sync into this rank's generator
     t = time.perf_counter()

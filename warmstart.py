@@ -36,6 +36,7 @@ from infra import checkpoint, lora, peaks
 from batch import collate, forward
 from infra.distributed import all_max, all_sum, print0
 from infra.passes import DUMMY_WIDTH, micro_batches, pad
+from infra.runlog import trim_heap
 from framing import Framing
 from rollout import Episode, Expert, Play, play_rounds
 
@@ -172,6 +173,8 @@ def run(run, warm_dir) -> None:
     def progress(k: int, total: int, nll: float) -> None:
         log.append({"step": k, "nll": nll, "time": time.perf_counter() - t})
         print0(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")
+        if cfg.trim_heap:  # each step's freed heap back to the system (--trim-heap; train.py trims its steps too)
+            trim_heap()
     # --bc-seconds counts from the start of the warm start (expert episodes included), like RL's wall time
     budget = max(cfg.bc_seconds - (time.perf_counter() - t), 1e-9) if cfg.bc_seconds else 0.0
     with peaks.phase("warmstart.imitate"):
