@@ -68,6 +68,11 @@ def start(rank: int, note: str | None = None, plan: float | None = None, share: 
         signal.signal(signal.SIGTERM, _on_term)
 
 
+def planned() -> float | None:
+    """This run's planned peak per rank in bytes (memplan.py), None when no plan was made."""
+    return _STATE.get("plan")
+
+
 def stop() -> None:
     """This rank is ending: if a peer died first (a collective then failed here), say so as the last line;
     then mark this rank's heartbeat as stopped, so that its peers stay quiet about it."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from infra import peaks
+from infra import lifeline, peaks
 from infra.trackers import Trackers, chosen
 
 
@@ -139,10 +139,10 @@ def memory_metrics() -> dict:
 
 def phase_metrics() -> dict:
     """The peak resident memory of each phase since the last call (infra/peaks.py), on the largest rank, in MB:
-    `mem/peak/generate_mb`, `mem/peak/update_mb`, ... A collective."""
+    `mem/peak/generate_mb`, `mem/peak/update_mb`, ..., beside the plan's peak (`mem/plan_mb`). A collective."""
     ranks = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, peaks.take())
-    out = {}
+    out = {"mem/plan_mb": lifeline.planned() / 2**20} if lifeline.planned() else {}
     for of in ranks:
         for name, value in of.items():
             key = f"mem/peak/{name.replace(' ', '_')}_mb"

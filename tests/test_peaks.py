@@ -57,3 +57,21 @@ def test_the_run_report_names_each_phase(tmp_path):
         dist.destroy_process_group()
     assert line.startswith("peak resident memory per rank: ") and "by phase, largest rank: " in line
     assert f"update {peaks.of_phases()['update'] / 2**30:.2f}" in line
+
+
+def test_the_bench_table_takes_each_phases_highest_step_and_marks_what_passes_the_plan(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import phase_peaks
+
+    rows = [{"step": 0, "mem/plan_mb": 3000.0, "mem/peak/load_mb": 1000.0, "mem/peak/update_mb": 2900.0},
+            {"step": 1, "mem/plan_mb": 3000.0, "mem/peak/update_mb": 3100.0, "mem/peak/generate_mb": 2000.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = phase_peaks.read(f"mine={tmp_path}")
+    assert run["plan_mb"] == 3000.0 and run["phases"] == {"load": 1000.0, "update": 3100.0, "generate": 2000.0}
+    text = phase_peaks.table([run])
+    assert "| update | **3,100** (over) |" in text and "| load | 1,000 |" in text
+    assert phase_peaks.read(f"{tmp_path}:2.0")["plan_mb"] == 3000.0  # a logged plan wins over the given one
