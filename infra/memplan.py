@@ -48,9 +48,9 @@ The rows, as train.py's step (FSDP2, `distributed.shard`) holds them:
                                   rollouts; CPU vLLM: its embedding (V x H x c) while training (sleep()
                                   frees its packed weights and KV cache by hand), P x c + its KV cache
                                   during rollouts (engine.kv_cache_bytes); HF engine: P x c always
-  runtime                  on CPU the process's resident size now, plus what vLLM's engine holds besides
-                                  weights and cache (VLLM_RUNTIME); on GPU the CUDA context and allocator
-                                  slack (1 GB)
+  runtime                  on CPU the process's resident size now, what it imports after the plan
+                                  (IMPORTS_AFTER_PLAN), and what vLLM's engine holds besides weights and
+                                  cache (VLLM_RUNTIME); on GPU the CUDA context and allocator slack (1 GB)
 
 Rollout phase: the sharded state, the reference and the critic stay; the gradients too when
 `--min-groups` adds them up over several rollouts (they live from one step's backward to the optimizer
@@ -85,6 +85,11 @@ VLLM_RUNTIME = 900 * MB
 # cache. Read from vLLM's sources as 1-4 GB by batch size and model; 2 GB is the middle for the small
 # models here. Not yet measured on a GPU (vLLM's GPU build is not in the GPU run's image).
 VLLM_GPU_ASLEEP = 2 * GB
+# What a rank imports after its plan is made (the plan reads the process's resident size first): transformers'
+# model classes and the tokenizer, peft, the process group. 150 MB measured with SmolLM2 (280 MB resident at
+# the plan in train.py, 439 MB when the model starts loading); without it a LoRA run's warm start peaked 6%
+# over its plan (bench/phase_peaks.py, docs/performance.md).
+IMPORTS_AFTER_PLAN = 150 * MB
 HEADROOM = 0.9        # share of the memory a rank can have that the plan may fill (page cache, allocator slack)
 BUILTIN = {  # HF config.json fields of the built-in models
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
@@ -332,7 +337,8 @@ def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None
     s = shape(model_config(cfg.model))
     engine = _engine(cfg.engine, device)
     tokens = max(micro_tokens or cfg.micro_tokens, cfg.max_context)  # one long episode fills a micro-batch alone
-    runtime = (rss_bytes() + (VLLM_RUNTIME if engine == "vllm" else 0)) if device == "cpu" else 1.0 * GB
+    runtime = (rss_bytes() + IMPORTS_AFTER_PLAN + (VLLM_RUNTIME if engine == "vllm" else 0)) if device == "cpu" \
+        else 1.0 * GB
     gpu_gb = available(1, "cuda")[0] / GB if device == "cuda" else 80.0
     seqs = max(1, cfg.tasks_per_step * cfg.samples_per_task // world)
     return plan(s, world, dtype, cfg.checkpointing if checkpointing is None else checkpointing, tokens,
@@ -427,7 +433,8 @@ def check_generation(model: str, engine: str, device: str, dtype: str, max_conte
     c = 2 if dtype == "bfloat16" else 4
     kv = vllm_cpu_kv_gib(s, dtype, max_context, seqs) * GB if engine == "vllm" else \
         sum(torch_engine_rows(s, c, max_context, seqs, device).values()) if engine == "torch" else 0.0
-    need = rss_bytes() + (VLLM_RUNTIME if engine == "vllm" else 0) + max(4 * s.params, s.params * c + kv)
+    need = rss_bytes() + IMPORTS_AFTER_PLAN + (VLLM_RUNTIME if engine == "vllm" else 0) + \
+        max(4 * s.params, s.params * c + kv)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
     budget, source = available(local, device)
     if need <= HEADROOM * budget:
