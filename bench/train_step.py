@@ -237,6 +237,7 @@ def main() -> None:
     # train.py's defaults (the CPU preset) except for the flags above
     cfg = configs.Config(algo=args.algo, kl_coef=args.kl_coef, micro_tokens=args.micro_tokens, device="cpu",
                          dtype=args.dtype, checkpointing=args.checkpointing, lora_rank=args.lora_rank,
+                         train_layers=args.train_layers,
                          tasks_per_step=max(1, args.episodes // args.samples), samples_per_task=args.samples)
     world_guess = int(os.environ.get("WORLD_SIZE", 1))
     if args.episodes % world_guess or args.episodes % args.samples:
