@@ -60,12 +60,15 @@ def test_the_run_report_names_each_phase(tmp_path):
 
 
 def test_the_bench_table_takes_each_phases_highest_step_and_marks_what_passes_the_plan(tmp_path):
+    import importlib.util
     import json
-    import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    import phase_peaks
+    # loaded by path: bench/ on sys.path would shadow envs/ with bench/envs.py in later tests' subprocesses
+    where = Path(__file__).resolve().parent.parent / "bench" / "phase_peaks.py"
+    spec = importlib.util.spec_from_file_location("phase_peaks", where)
+    phase_peaks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(phase_peaks)
 
     rows = [{"step": 0, "mem/plan_mb": 3000.0, "mem/peak/load_mb": 1000.0, "mem/peak/update_mb": 2900.0},
             {"step": 1, "mem/plan_mb": 3000.0, "mem/peak/update_mb": 3100.0, "mem/peak/generate_mb": 2000.0}]

@@ -45,3 +45,5 @@ dist.barrier()
 engine.close()
 if dist.is_initialized():
     dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # no interpreter teardown: gloo's threads can abort it (infra/lifeline.finish)
