@@ -219,10 +219,10 @@ def peak_report() -> str:
 def finish(env_pool, threads, engine, log, code: int = 0) -> None:
     """The end of a training run: close everything on every rank and end the process with `code` (a collective)."""
     stop()
+    if log:  # the progress bar's last line before the memory report
+        log.close()
     if not code:
         print0(peak_report())
-    if log:
-        log.close()
     for env in env_pool:
         env.close()
     threads.shutdown(wait=not abandoned(), cancel_futures=True)
