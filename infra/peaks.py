@@ -15,7 +15,6 @@ How: Linux keeps a process's resident high-water mark (VmHWM in /proc/self/statu
 current resident size when 5 is written to /proc/self/clear_refs (Linux >= 4.0). Each phase folds the mark
 into the phases still open (nested ones count in their parents), then resets it; on leaving, the mark is
 its peak. The reset also lowers getrusage's ru_maxrss, so `top` keeps the peaks read before each reset.
-On a GPU the allocator's own peak (torch.cuda.max_memory_allocated) is kept per phase the same way.
 Off Linux, or where clear_refs cannot be written, no phase is recorded and `top` is ru_maxrss.
 Test: tests/test_peaks.py.
 """
@@ -24,14 +23,10 @@ from __future__ import annotations
 import contextlib
 import resource
 
-import torch
-
 _OPEN: list[str] = []          # the phases now running, outermost first
 _RSS: dict[str, float] = {}    # phase -> its highest resident bytes so far
 _STEP: dict[str, float] = {}   # the same since the last `take`
-_GPU: dict[str, float] = {}    # phase -> its highest allocated CUDA bytes so far
 _TOP = [0.0]                   # the process's peak before the last reset
-_GPU_TOP = [0.0]               # the same for allocated CUDA bytes
 _WORKS = [True]                # clear_refs can be written
 
 
@@ -61,29 +56,19 @@ def _maxrss() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # KB on Linux
 
 
-def _cuda() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
-
-
 def _fold() -> None:
     """The marks since the last reset into every open phase and into the process's peak."""
-    mark = _status("VmHWM") or _maxrss()
-    _TOP[0] = max(_TOP[0], mark, _maxrss())
-    gpu = torch.cuda.max_memory_allocated() if _cuda() else None
+    high = mark() or _maxrss()
+    _TOP[0] = max(_TOP[0], high, _maxrss())
     for name in _OPEN:
-        _RSS[name] = max(_RSS.get(name, 0.0), mark)
-        _STEP[name] = max(_STEP.get(name, 0.0), mark)
-        if gpu is not None:
-            _GPU[name] = max(_GPU.get(name, 0.0), gpu)
+        _RSS[name] = max(_RSS.get(name, 0.0), high)
+        _STEP[name] = max(_STEP.get(name, 0.0), high)
 
 
 def reset() -> bool:
     """Restart the high-water marks from now (the peaks so far kept in `top` and the open phases); False where
     the kernel's mark cannot be reset."""
     _fold()
-    if _cuda():
-        _GPU_TOP[0] = max(_GPU_TOP[0], torch.cuda.max_memory_allocated())
-        torch.cuda.reset_peak_memory_stats()
     if _WORKS[0]:
         try:
             with open("/proc/self/clear_refs", "w") as f:
@@ -128,16 +113,7 @@ def take() -> dict[str, float]:
     return out
 
 
-def gpu_of_phases() -> dict[str, float]:
-    """Each phase's peak allocated CUDA bytes so far ({} without a GPU)."""
-    return dict(_GPU)
-
-
 def top() -> float:
     """The process's peak resident bytes over its whole life, across resets (safe from any thread)."""
-    return max(_TOP[0], _status("VmHWM") or 0.0, _maxrss())
+    return max(_TOP[0], mark(), _maxrss())
 
-
-def gpu_top() -> float:
-    """The process's peak allocated CUDA bytes, across resets (0 without a GPU)."""
-    return max(_GPU_TOP[0], torch.cuda.max_memory_allocated() if _cuda() else 0.0)

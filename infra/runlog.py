@@ -130,7 +130,7 @@ def memory_metrics() -> dict:
         if value == value:  # not NaN: no reading off Linux or glibc
             out[key] = value
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # the GPU's own peak, beside memplan's plan
-        gpu = torch.tensor([peaks.gpu_top(), torch.cuda.max_memory_reserved()],
+        gpu = torch.tensor([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()],
                            dtype=torch.float64) / 2**20
         dist.all_reduce(gpu, op=dist.ReduceOp.MAX)
         out["mem/gpu_peak_mb"], out["mem/gpu_reserved_mb"] = gpu.tolist()
@@ -145,7 +145,7 @@ def phase_metrics() -> dict:
     out = {"mem/plan_mb": lifeline.planned() / 2**20} if lifeline.planned() else {}
     for of in ranks:
         for name, value in of.items():
-            key = f"mem/peak/{name.replace(' ', '_')}_mb"
+            key = f"mem/peak/{name}_mb"
             out[key] = max(out.get(key, 0.0), value / 2**20)
     return out
 
