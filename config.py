@@ -109,6 +109,12 @@ class Config:
     bc_lr: float = doc("learning rate of the warm start (AdamW)", 5e-5)
     bc_batch: int = doc("expert episodes per rank per warm-start optimizer step", 8)
     bc_seconds: float = doc("end the warm start's optimizer steps after this many seconds of it (0: no limit); with --model a warm start's directory, the time-matched imitation control of RL", 0.0)
+    bc_actor: str = doc("who plays the demonstrations: expert (the env's solver) or policy (the model being trained, "
+                        "its successful episodes kept: self-imitation, i.e. rejection-sampling fine-tuning)", "expert")
+    bc_tasks_seed: int = doc("seed that draws the demonstrations' train tasks (-1: --seed); fixing it while --seed "
+                             "varies keeps one finite demonstration set across runs", -1)
+    budget_clock: str = doc("what --rl-seconds and --bc-seconds count: wall (the slowest rank's seconds) or cpu (CPU "
+                            "seconds of all ranks' processes together: fair between runs that share a machine)", "wall")
     # this project's own studies, off by default: the default path is the paper's method and the
     # published techniques above (docs/results.md reports each study, null results included)
     curriculum: bool = doc("draw each step's tasks by level, weighting a level by how often its groups were informative "
@@ -361,13 +367,18 @@ def check(cfg: Config, world: int) -> str | None:
             task_ids(cfg.tasks_file, cfg.env, options)
         except ValueError as exc:
             return f"--tasks-file {cfg.tasks_file}: {exc}"
+    if cfg.bc_actor not in ("expert", "policy"):
+        return f"unknown --bc-actor {cfg.bc_actor!r}; choose expert or policy"
+    if cfg.budget_clock not in ("wall", "cpu"):
+        return f"unknown --budget-clock {cfg.budget_clock!r}; choose wall or cpu"
     if cfg.reward not in ("env", "progress", "best"):
         return f"unknown --reward {cfg.reward!r}; choose env, progress or best"
     if cfg.refusal_penalty and not hasattr(env_class(cfg.env), "refused"):
         return (f"--refusal-penalty needs an env that flags the turns it refused (env.refused, as BabyAI does); "
                 f"{cfg.env} does not, set --refusal-penalty 0")
     for name in ("bc_episodes", "bc_anchor"):
-        if getattr(cfg, name) and not hasattr(env_class(cfg.env), "expert"):
+        if getattr(cfg, name) and not hasattr(env_class(cfg.env), "expert") and not (
+                name == "bc_episodes" and cfg.bc_actor == "policy"):
             flag = f"--{name.replace('_', '-')}"
             return f"{flag} needs an env with an expert to imitate (env.expert()); {cfg.env} has none, set {flag} 0"
     for name in ("eval_every", "eval_tasks", "eval_turns", "bc_episodes", "train_layers", "env_timeout", "bc_seconds",

@@ -40,7 +40,7 @@ import torch.distributed as dist
 import algorithms as A
 import gigpo
 from batch import collate, forward, score
-from infra import checkpoint, lifeline, peaks
+from infra import budget, checkpoint, lifeline, peaks
 from infra.distributed import all_max, all_sum, print0, sync
 from infra.runlog import log_episodes, log_outcomes, memory_metrics, phase_metrics, rollout_metrics, trim_heap
 from stepplan import rank_share, tasks_for_step
@@ -162,6 +162,7 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     """One step of AgentGym-RL's loop (section 3; ScalingInter-RL, section 3.3), numbered as in the README.
     Returns True when --rl-seconds has run out (the step then saved like a last step)."""
     cfg, d, t0, timing = run.cfg, run.d, time.perf_counter(), {}
+    clock0, cpu0 = budget.now(cfg.budget_clock), time.process_time()  # --rl-seconds' clock (infra/budget.py)
     # (1) the step's tasks and turn budget, then the rollout: this rank's contiguous share of the episodes
     horizon = d.schedule.max_turns(step)
     tasks = run.studies.tasks(step) or tasks_for_step(run.train_ids, step, cfg.tasks_per_step, cfg.seed)
@@ -188,8 +189,9 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * batch["mask"] if run.kl_in_reward else None
     adv, returns = global_advantages(cfg, d, batch, values, token_kl)
     adv = run.studies.advantages(adv)
-    # --rl-seconds: the slowest rank's clock decides, so every rank ends (and saves) at the same step
-    out_of_time = bool(cfg.rl_seconds) and all_max(run.spent + time.perf_counter() - t0) >= cfg.rl_seconds
+    # --rl-seconds: one verdict over all ranks (infra/budget.py), so every rank ends (and saves) at the same step
+    out_of_time = bool(cfg.rl_seconds) and budget.combined(
+        cfg.budget_clock, run.spent + budget.now(cfg.budget_clock) - clock0, all_sum, all_max) >= cfg.rl_seconds
     last = step + 1 == cfg.steps or out_of_time
     saves = last or bool(cfg.save_every and (step + 1) % cfg.save_every == 0)
     extra, stepped = run.studies.observe(run, step, tasks, mine, batch["rewards"], saves)
@@ -214,7 +216,8 @@ def train_step(run: Run, step: int, first: dict) -> bool:
 
     # (6) log, evaluate on the validation split, checkpoint
     timing["time/step"] = time.perf_counter() - t0
-    run.spent += timing["time/step"]
+    timing["time/cpu_step"] = time.process_time() - cpu0  # this rank's CPU seconds (logged: ranks' mean)
+    run.spent += budget.now(cfg.budget_clock) - clock0
     metrics = {**rollout_metrics(episodes, horizon), **first, **extra,
                **({"shared_turns": batch["shared_turns"]} if "shared_turns" in batch else {})}
     log_step(run, step, metrics, stats, timing, evaluate=bool(
@@ -222,7 +225,7 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     if saves:
         save(run, step)
     if out_of_time:
-        print0(f"\n--rl-seconds {cfg.rl_seconds:g}: {run.spent:.0f}s of training steps; stopping after step {step + 1}")
+        print0(f"\n--rl-seconds {cfg.rl_seconds:g} ({cfg.budget_clock} clock) reached; stopping after step {step + 1}")
     return out_of_time
 
 

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from infra import checkpoint, lora, peaks
+from infra import budget, checkpoint, lora, peaks
 
 from batch import collate, forward
 from infra.distributed import all_max, all_sum, print0
@@ -82,24 +82,24 @@ def nll_backward(model, batch: dict, chunk: list[int], micro_tokens: int, reduce
 
 
 def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes: int, micro_tokens: int,
-          seed: int, pad_id: int, reduce_sum, reduce_max, world: int, progress=None, seconds: float = 0.0) -> list[float]:
+          seed: int, pad_id: int, reduce_sum, reduce_max, world: int, progress=None, seconds: float = 0.0,
+          clock: str = "wall") -> list[float]:
     """Minimise -log p(expert tokens) over `epochs` passes, `batch_episodes` episodes of this rank per
-    optimizer step, stopping early once `seconds` (> 0) have passed on any rank (so all stop at the same
-    step, even when each rank's budget differs: train.py gives each the time its demonstrations left).
+    optimizer step, stopping early once `seconds` (> 0) have passed on `clock` (infra/budget.py: the
+    slowest rank's wall seconds, or all ranks' CPU seconds), one verdict for all ranks.
     Returns the mean NLL per policy token of each step (over all ranks)."""
     steps = -(-len(episodes) // batch_episodes)
     n_real = len(episodes)
     batch = demo_batch(episodes, pad_id)
     gen = torch.Generator().manual_seed(seed)
     n_steps = reduce_max(steps)  # every rank runs the same number of optimizer steps (collectives)
-    losses, start = [], time.perf_counter()
+    losses, start = [], budget.now(clock)
     for _ in range(epochs):
         order = torch.randperm(n_real, generator=gen).tolist()
         for s in range(n_steps):
-            # One verdict for all ranks: any rank past its own budget stops them all. (Comparing the slowest
-            # clock with each rank's own budget split them when budgets differed: one rank left, the other
-            # waited forever in its next collective.)
-            if seconds and reduce_max(int(time.perf_counter() - start > seconds)):
+            # One verdict for all ranks (a rank that left alone would leave the other waiting forever in its
+            # next collective).
+            if seconds and budget.combined(clock, budget.now(clock) - start, reduce_sum, reduce_max) > seconds:
                 return losses
             chunk = order[s * batch_episodes:(s + 1) * batch_episodes]
             mean_nll = nll_backward(model, batch, chunk, micro_tokens, reduce_sum, reduce_max, world)
@@ -112,23 +112,38 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
     return losses
 
 
-def demonstrations(run, count: int, seed: int, what: str = "warm start") -> list[Episode]:
-    """This rank's share of `count` expert episodes on train tasks (sample `seed`), at the run's largest
-    turn budget, played by the env pool in parallel; returns the successful ones (collective: the summary
-    line counts all ranks). A failed expert episode ends in fallback wandering, not in skill."""
+def demonstrations(run, count: int, seed: int, what: str = "warm start",
+                   actor: str = "expert") -> tuple[list[Episode], int]:
+    """This rank's share of `count` episodes on train tasks (sample `seed`), at the run's largest turn
+    budget, played by the env pool in parallel; returns the successful ones and how many episodes all
+    ranks played (collective: the summary line counts all ranks). A failed expert episode ends in fallback wandering, not in skill.
+
+    `actor` "policy": the run's own generator plays them instead (one sample per task, at the run's
+    temperature, seeded by `seed`), and its successes are what is imitated: self-imitation, i.e.
+    rejection-sampling fine-tuning (RFT, Yuan et al. 2023): interaction with the env without a policy
+    gradient, the control that asks whether RL adds more than imitating one's own wins."""
     t, turns = time.perf_counter(), max(run.d.schedule.budgets)
-    mine = demo_tasks(run.train_ids, count, seed)[run.rank::run.world]
-    played = expert_episodes(run.chat, run.env_pool, run.make_env, mine, turns, run.cfg.max_context, run.d.framing,
-                             run.threads, run.cfg.env_timeout or None)
+    tasks = demo_tasks(run.train_ids, count, seed)
+    lo = run.rank * len(tasks) // run.world  # contiguous shares: the reply seeds follow the global index
+    mine = tasks[lo:(run.rank + 1) * len(tasks) // run.world] if actor == "policy" else tasks[run.rank::run.world]
+    if actor == "policy":
+        run.engine.wake()
+        play = run.play(turns, seed=(seed * 7919 + 3) * 131)
+        played = play_rounds(run.engine, run.chat, run.env_pool, run.make_env, [(t_, 0) for t_ in mine], play,
+                             run.threads, lo)
+        run.engine.sleep()
+    else:
+        played = expert_episodes(run.chat, run.env_pool, run.make_env, mine, turns, run.cfg.max_context,
+                                 run.d.framing, run.threads, run.cfg.env_timeout or None)
     episodes = [ep for ep in played if ep.success]
     crashed = [ep for ep in played if ep.end == "expert_error"]
     for ep in crashed:  # every rank reports its own
         print(f"{what}: the expert failed on task {ep.task_id} ({ep.error[:200]}); one failed demonstration",
               file=sys.stderr, flush=True)
     n, wins, tokens, errors = all_sum(len(played), len(episodes), sum(sum(e.mask) for e in episodes), len(crashed))
-    print0(f"{what}: {int(n)} expert episodes in {time.perf_counter() - t:.0f}s, {int(wins)} successful within "
+    print0(f"{what}: {int(n)} {actor} episodes in {time.perf_counter() - t:.0f}s, {int(wins)} successful within "
            f"{turns} turns ({tokens / max(wins, 1):.0f} policy tokens each), {int(errors)} stopped by an expert error")
-    return episodes
+    return episodes, int(n)
 
 
 class Anchor:
@@ -141,7 +156,7 @@ class Anchor:
 
     def __init__(self, run):
         cfg = run.cfg
-        self.episodes = demonstrations(run, cfg.bc_anchor, cfg.seed + 1000, what="imitation anchor")
+        self.episodes, _ = demonstrations(run, cfg.bc_anchor, cfg.seed + 1000, what="imitation anchor")
         self.batch = demo_batch(self.episodes, run.tokenizer.pad_token_id or 0)
         self.coef, self.size, self.micro_tokens, self.world = cfg.bc_coef, cfg.bc_batch, cfg.micro_tokens, run.world
         self.gen = torch.Generator().manual_seed(cfg.seed * 17 + run.rank)
@@ -163,9 +178,11 @@ def run(run, warm_dir) -> None:
     tasks, the successful ones imitated through the FSDP2 policy, the result saved to `warm_dir` (an HF
     directory, for evaluate.py and --resume) and, with a KL term, copied into the reference model."""
     cfg, policy, ref, tokenizer = run.cfg, run.models["policy"], run.ref, run.tokenizer
-    t = time.perf_counter()
+    t, clock0 = time.perf_counter(), budget.now(cfg.budget_clock)
+    what = "self-imitation" if cfg.bc_actor == "policy" else "warm start"
+    tasks_seed = cfg.seed if cfg.bc_tasks_seed < 0 else cfg.bc_tasks_seed  # one finite set across --seed
     with peaks.phase("warmstart.demonstrations"):  # infra/peaks.py: each phase's peak memory
-        episodes = demonstrations(run, cfg.bc_episodes, cfg.seed)
+        episodes, played = demonstrations(run, cfg.bc_episodes, tasks_seed, what, cfg.bc_actor)
     trained = [p for p in policy.parameters() if p.requires_grad]  # --train-layers may freeze some
     optimizer = torch.optim.AdamW(trained, lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
     log = []  # warmstart.jsonl: the warm start's own metrics (a control run has no RL step to log)
@@ -175,11 +192,14 @@ def run(run, warm_dir) -> None:
         print0(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")
         if cfg.trim_heap:  # each step's freed heap back to the system (--trim-heap; train.py trims its steps too)
             trim_heap()
-    # --bc-seconds counts from the start of the warm start (expert episodes included), like RL's wall time
-    budget = max(cfg.bc_seconds - (time.perf_counter() - t), 1e-9) if cfg.bc_seconds else 0.0
+    # --bc-seconds counts from the start of the warm start (demonstrations played included), as RL's steps
+    # count their rollouts, on --budget-clock (infra/budget.py)
+    spent = budget.combined(cfg.budget_clock, budget.now(cfg.budget_clock) - clock0, all_sum, all_max)
+    left = max(cfg.bc_seconds - spent, 1e-9) if cfg.bc_seconds else 0.0
     with peaks.phase("warmstart.imitate"):
         losses = clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens, cfg.seed,
-                       tokenizer.pad_token_id or 0, all_sum, all_max, run.world, progress=progress, seconds=budget)
+                       tokenizer.pad_token_id or 0, all_sum, all_max, run.world, progress=progress, seconds=left,
+                       clock=cfg.budget_clock)
     del optimizer
     with peaks.phase("warmstart.save"):
         if lora.active(policy):  # the imitated adapters become the base, so the KL's reference (adapters off)
@@ -193,7 +213,10 @@ def run(run, warm_dir) -> None:
     nll = f"NLL {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "no optimizer step"
     print0(f"warm start done in {time.perf_counter() - t:.0f}s{cut}: {nll}; saved {warm_dir}")
     (demos,) = all_sum(len(episodes))  # collective: every rank calls it
+    spent_all = budget.combined(cfg.budget_clock, budget.now(cfg.budget_clock) - clock0, all_sum, all_max)
     if run.rank == 0:
         done = {"done": True, "demonstrations": int(demos), "optimizer_steps": len(losses),
-                "seconds": time.perf_counter() - t, "bc_seconds": cfg.bc_seconds}
+                "seconds": time.perf_counter() - t, "bc_seconds": cfg.bc_seconds, "clock": cfg.budget_clock,
+                "budget_spent": spent_all, "actor": cfg.bc_actor, "tasks_seed": tasks_seed,
+                "played": played}
         (warm_dir.parent / "warmstart.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*log, done]))

@@ -37,7 +37,8 @@ train split below is ids 0..39,999). `parser="agentgym"` (set by
 `Action:` (`envs.agentgym_action`); the default takes the first line after a single `Action:`.
 
 Splits: train = seeds 0..999 of every level, validation ("val") = seeds 50000..50004 and test = seeds
-100000..100004 (200 tasks each), disjoint. The
+100000..100004 (200 tasks each), disjoint; "fresh" = seeds 200000..200009 (400 tasks), the held-out test of
+the finite-demonstrations protocol (lab/protocol.py), outside every split and screen before it. The
 paper tested on 90 tasks, listed in AgentGym-RL-Data-ID's `eval/babyai_test.json`: pass that file with
 `--tasks-file` to play exactly those.
 
@@ -81,6 +82,8 @@ LEVELS = [
 TRAIN_SEEDS = range(0, 1000)
 TEST_SEEDS = range(100_000, 100_005)
 VAL_SEEDS = range(50_000, 50_005)  # in-training evaluation and recipe choices; test is for final tables
+# "fresh": 400 tasks that no published run, screen or recipe choice has seen (lab/protocol.py's test)
+FRESH_SEEDS = range(200_000, 200_010)
 
 LEFT, RIGHT, FORWARD, PICKUP, DROP, TOGGLE = 0, 1, 2, 3, 4, 5  # minigrid's action indices
 VIEW = 7                             # minigrid's default agent_view_size
@@ -298,9 +301,9 @@ class BabyAI:
 
     # -- task metadata
     def tasks(self, split: str) -> list[int]:
-        seeds = {"train": TRAIN_SEEDS, "val": VAL_SEEDS, "test": TEST_SEEDS}.get(split)
+        seeds = {"train": TRAIN_SEEDS, "val": VAL_SEEDS, "test": TEST_SEEDS, "fresh": FRESH_SEEDS}.get(split)
         if seeds is None:
-            raise ValueError(f"BabyAI has splits 'train', 'val' and 'test', not {split!r}")
+            raise ValueError(f"BabyAI has splits 'train', 'val', 'test' and 'fresh', not {split!r}")
         return [seed * len(LEVELS) + level for seed in seeds for level in range(len(LEVELS))]
 
     def subtask(self, task_id: int) -> str:

@@ -322,4 +322,4 @@ def rollout_metrics(episodes, horizon: int) -> dict:
     return {"reward": sum(r[0] for r in rows) / n, "success": sum(r[1] for r in rows) / n,
             "turns": sum(r[2] for r in rows) / n, "response_tokens": sum(r[3] for r in rows) / n,
             "refused": sum(r[5] for r in rows) / max(sum(r[2] for r in rows), 1),  # share of turns
-            "horizon": horizon, **{f"end/{k}": v for k, v in ends.items()}}
+            "horizon": horizon, "episodes": n, **{f"end/{k}": v for k, v in ends.items()}}

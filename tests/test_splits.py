@@ -41,6 +41,8 @@ def test_babyai_ids_of_the_splits():
     assert test[:2] == [4_000_000, 4_000_001] and val[:2] == [2_000_000, 2_000_001]  # seeds 100000 and 50000
     assert len({env.subtask(t) for t in val[:40]}) == len({env.subtask(t) for t in test[:40]})  # every family
     assert [t % 40 for t in val[:40]] == list(range(40))  # the first 40: one task of each level
+    fresh = env.tasks("fresh")  # the protocol's test: 400 tasks outside train, val and test
+    assert len(fresh) == 400 and not set(fresh) & (set(val) | set(test) | set(env.tasks("train")))
 
 
 def test_miniwob_val_seeds_follow_train():

@@ -246,12 +246,16 @@ def test_in_training_evaluation_without_a_validation_split_is_refused_before_sta
     assert problem and "--eval-every 0" in problem and "\n" not in problem
 
 
-def test_rl_seconds_ends_the_run_with_a_saved_last_step(tmp_path):
-    """--rl-seconds (a GPU lent for minutes): the step during which the time runs out is the last one,
-    and it saves like the last step of --steps, so the run can be evaluated and resumed."""
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_rl_seconds_ends_the_run_with_a_saved_last_step(tmp_path, clock):
+    """--rl-seconds (a GPU lent for minutes, or an arm's CPU seconds, infra/budget.py): the step during
+    which the time runs out is the last one, and it saves like the last step of --steps, so the run can
+    be evaluated and resumed. Each step logs its CPU seconds (the ranks' mean)."""
     out = tmp_path / "run"
     proc = torchrun(["--env", "tests.support.toy:Digits", "--steps", "50", "--rl-seconds", "0.01", "--horizon", "1",
-                     "--max-tokens", "6", "--tasks-per-step", "2", "--samples-per-task", "2", "--out", str(out)])
-    assert [r["step"] for r in metrics(out)] == [0]
+                     "--max-tokens", "6", "--tasks-per-step", "2", "--samples-per-task", "2", "--budget-clock", clock,
+                     "--out", str(out)])
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [0] and rows[0]["time/cpu_step"] > 0 and rows[0]["episodes"] == 4
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
-    assert "--rl-seconds 0.01" in proc.stdout and "stopping after step 1" in proc.stdout
+    assert f"--rl-seconds 0.01 ({clock} clock)" in proc.stdout and "stopping after step 1" in proc.stdout

@@ -1,0 +1,424 @@
+"""The finite-demonstrations protocol: once the demonstrations one has are used up, does interaction with
+the environment add anything, and does RL add more than imitating one's own successes?
+
+    python -m lab.protocol --env babyai --seed 0          # runs (or resumes) every piece, publishing as it goes
+    python -m lab.protocol --env babyai --seed 0 --plan   # prints the pieces and their commands, runs nothing
+
+Earlier tables compared GRPO with imitation that drew unlimited fresh demonstrations from a near-perfect
+expert: that asks whether the expert is worth more than the environment (it is, at this scale), not
+what RL is for. Here the demonstrations are finite, and imitation has used them up before RL starts:
+
+  1. demonstrations: the expert plays `demo_tasks` train tasks drawn once by `demo seed` (the seed's own,
+     recorded in demos.json); its successes within the turn budget are the finite set;
+  2. plateau: imitation of that set one epoch at a time, each epoch's model scored on validation
+     (`val_tasks` tasks x `val_k` samples); it stops after `patience` epochs without a new best, and the
+     best epoch's model is W*. Each epoch is its own train.py run from the previous epoch's model, so
+     AdamW's moments restart every epoch (every arm below restarts them too);
+  3. screen (once per env, on seed 0; later seeds reuse its choice): RL from W* under each of SCREEN's
+     settings for `screen_cpu` CPU seconds, scored on validation; RULE picks one. Both were written
+     before any result;
+  4. three arms from W*, one after another, each for `arm_cpu` CPU seconds of all its processes
+     (--budget-clock cpu: fair even when something else shares the machine; each arm's wall time is
+     recorded beside it):
+       (A) rl         RL on train tasks under the screened settings, no further demonstrations;
+       (B) imitation  more imitation of the same finite set;
+       (C) self       self-imitation: W* plays `self_episodes` train tasks, its successes are imitated
+                      (rejection-sampling fine-tuning: interaction without a policy gradient);
+  5. test: W* and the three arms on `test_tasks` tasks of the `test_split` split (BabyAI's "fresh":
+     outside train, validation, test and every screen) x `test_k` samples, the same decoding for all;
+     the tables (lab/results.py) with paired task-level intervals, and summary.md: success, Pass@k,
+     refused share, never-/always-solved counts, each arm's CPU and wall seconds and episodes per hour.
+
+Every piece is a directory under runs/protocol-ENV-seedS/ with piece.json when finished; a rerun skips
+finished pieces and resumes a crashed RL arm from its checkpoint with the CPU seconds it had left (a
+crashed imitation arm or epoch starts again; evaluate.py resumes itself). After each piece, what it
+measured is copied into results/protocol-ENV-seedS/ (small files, never weights), so a change of
+machine loses at most one piece.
+Test: python -m pytest tests/test_protocol.py
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The protocol's sizes. `full` is the published one; `smoke` runs the machinery in minutes (tests)."""
+    demo_tasks: int = 500        # train tasks the expert plays once: the finite demonstration set
+    val_tasks: int = 120         # validation tasks scoring each epoch and each screened setting
+    val_k: int = 1
+    patience: int = 2            # epochs without a new best validation success before imitation stops
+    max_epochs: int = 12
+    screen_cpu: float = 1200.0   # CPU seconds of each screened RL setting
+    arm_cpu: float = 3600.0      # CPU seconds of each arm (all its processes together)
+    self_episodes: int = 1000    # train tasks W* plays for self-imitation (one sample each)
+    test_split: str = "fresh"
+    test_tasks: int = 400
+    test_k: int = 2
+    model: str = "smollm2"
+    train_extra: tuple = ()      # more train.py flags (the smoke scale's engine and sizes)
+    eval_extra: tuple = ()       # more evaluate.py flags
+
+
+SCALES = {
+    "full": Scale(),
+    "smoke": Scale(demo_tasks=6, val_tasks=2, patience=1, max_epochs=2, screen_cpu=2.0, arm_cpu=2.0,
+                   self_episodes=4, test_split="test", test_tasks=2, model="tiny",
+                   train_extra=("--engine", "hf", "--train-layers", "0", "--micro-tokens", "4096", "--tasks-per-step",
+                                "2", "--samples-per-task", "2", "--max-tokens", "8"),
+                   eval_extra=("--engine", "hf", "--max-tokens", "8")),
+}
+
+# RL settings screened from W* (written before any result). Each names what it changes from the
+# recipe (recipes.smollm2: GRPO, token-mean, the group std, temperature 1, 8 tasks x 4 samples,
+# lr 3e-5, no warm-up, no cost for refused turns).
+SCREEN = {
+    "recipe": [],
+    "gentle": ["--lr", "1e-5", "--warmup-steps", "4"],            # a smaller, warmed-up step: less drift from W*
+    "refusal-cost": ["--refusal-penalty", "0.02", "--no-grpo-std"],  # refused turns cost; Dr. GRPO's advantages
+    "wide-groups": ["--tasks-per-step", "4", "--samples-per-task", "8"],  # fewer constant groups
+}
+SMOKE_SCREEN = {"recipe": [], "gentle": SCREEN["gentle"]}
+RULE = ("the setting with the highest validation success after its screen_cpu seconds; a tie goes to the one "
+        "listed first in SCREEN")
+
+
+def choose(scores: dict[str, float], order: list[str]) -> str:
+    """RULE: the highest validation success; ties to the earlier in `order`."""
+    return max(order, key=lambda name: (scores[name], -order.index(name)))
+
+
+@dataclass
+class Protocol:
+    env: str
+    seed: int
+    scale: Scale
+    runs: Path
+    results: Path
+    nproc: int = 2
+
+    # ------------------------------------------------------------------ the settings every piece shares
+    @property
+    def recipe(self) -> dict:
+        import recipes
+        return recipes.smollm2(self.env)
+
+    @property
+    def turns(self) -> int:
+        import schedule
+        return max(schedule.parse(self.recipe["horizon"]).budgets)
+
+    @property
+    def demo_seed(self) -> int:
+        return 10_000 + self.seed  # the finite set's own seed: never one a run's --seed gives its tasks
+
+    @property
+    def screen(self) -> dict:
+        return SMOKE_SCREEN if self.scale.model == "tiny" else SCREEN
+
+    def train(self, out: Path, *flags: str) -> list[str]:
+        return [sys.executable, "-m", "infra.lifeline", "--standalone", "--nproc_per_node", str(self.nproc),
+                "train.py", "--preset", "smollm2", "--env", self.env, "--budget-clock", "cpu", "--eval-every", "0",
+                *(["--model", self.scale.model] if self.scale.model != "smollm2" else []), *flags, *self.scale.train_extra,
+                "--out", str(out)]
+
+    def evaluate(self, model: Path, out: Path, split: str, tasks: int, k: int) -> list[str]:
+        r = self.recipe
+        return [sys.executable, "-m", "infra.lifeline", "--standalone", "--nproc_per_node", str(self.nproc),
+                "evaluate.py", "--env", self.env, "--env-options", r["env_options"], "--model", str(model),
+                "--split", split, "--limit", str(tasks), "--k", str(k), "--turns", str(self.turns),
+                "--max-tokens", str(r["max_tokens"]), "--max-context", str(r["max_context"]),
+                "--temperature", str(r["temperature"]), *self.scale.eval_extra, "--out", str(out)]
+
+    def imitate(self, model: str, out: Path, seed: int, **kw) -> list[str]:
+        """Imitation only (--steps 0) from `model`: the finite set, or W*'s own play with actor='policy'."""
+        actor = kw.get("actor", "expert")
+        episodes = self.scale.self_episodes if actor == "policy" else self.scale.demo_tasks
+        tasks_seed = self.demo_seed + (1 if actor == "policy" else 0)  # self-play: other train tasks
+        return self.train(out, "--model", model, "--steps", "0", "--bc-episodes", str(episodes), "--bc-actor", actor,
+                          "--bc-tasks-seed", str(tasks_seed), "--bc-epochs", str(kw.get("epochs", 1)),
+                          "--bc-seconds", str(kw.get("seconds", 0)), "--seed", str(seed))
+
+    def rl(self, out: Path, setting: str, seconds: float) -> list[str]:
+        return self.train(out, "--model", str(self.wstar()), "--bc-episodes", "0", "--steps", "100000",
+                          "--rl-seconds", str(seconds), "--save-every", "4", "--seed", str(self.seed),
+                          *self.screen[setting])
+
+    # ------------------------------------------------------------------ pieces
+    def done(self, name: str) -> dict | None:
+        path = self.runs / name / "piece.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def run_piece(self, name: str, cmd: list[str], kind: str, fresh: bool = True, **info) -> dict:
+        """Run `cmd` as piece `name` unless finished; record its wall and CPU seconds (the whole process
+        tree: every rank, its generator and env threads) and what it measured; publish the record."""
+        if (record := self.done(name)) is not None:
+            return record
+        out = self.runs / name
+        if fresh and out.exists():  # a crashed piece that cannot resume starts again
+            shutil.rmtree(out)
+        print(f"[protocol] {name}: {' '.join(cmd[cmd.index('--nproc_per_node') + 2:])}", flush=True)
+        before, t = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if proc.returncode != 0:
+            raise SystemExit(f"error: piece {name} failed (exit {proc.returncode}); rerun the same command to resume")
+        record = {"piece": name, "kind": kind, "wall_s": round(time.perf_counter() - t, 1),
+                  "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
+                  "machine": machine(), **info}
+        record.update(measure(out, kind, self.nproc))
+        (out / "piece.json").write_text(json.dumps(record, indent=1) + "\n")
+        with open(self.results / "pieces.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        return record
+
+    def plateau(self) -> list[dict]:
+        """Epochs of imitation on the finite set until validation stops rising (patience)."""
+        epochs, best, model = [], None, self.scale.model
+        for e in range(1, self.scale.max_epochs + 1):
+            train = self.run_piece(f"epoch-{e}", self.imitate(model, self.runs / f"epoch-{e}", self.seed * 100 + e),
+                                   "imitation", epoch=e)
+            model = str(self.runs / f"epoch-{e}" / "warmstart")
+            val = self.run_piece(f"val-epoch-{e}", self.evaluate(Path(model), self.runs / f"val-epoch-{e}", "val",
+                                 self.scale.val_tasks, self.scale.val_k), "eval", fresh=False, epoch=e)
+            epochs.append({**train, "val_success": val["success"]})
+            if best is None or val["success"] > best["val_success"]:
+                best = epochs[-1]
+            elif e - best["epoch"] >= self.scale.patience:
+                break
+        (self.results / "plateau.json").write_text(json.dumps({"best_epoch": best["epoch"], "epochs": epochs,
+                                                               "patience": self.scale.patience}, indent=1) + "\n")
+        return epochs
+
+    def wstar(self) -> Path:
+        best = json.loads((self.results / "plateau.json").read_text())["best_epoch"]
+        return self.runs / f"epoch-{best}" / "warmstart"
+
+    def screened(self) -> str:
+        """The RL setting RULE picks, screened here (seed 0) or read from seed 0's result folder."""
+        own = self.results / "screen.json"
+        first = self.results.parent / self.results.name.replace(f"seed{self.seed}", "seed0") / "screen.json"
+        if self.seed != 0 and first.exists():
+            choice = json.loads(first.read_text())["choice"]
+            own.write_text(json.dumps({"choice": choice, "from": first.parent.name}, indent=1) + "\n")
+            return choice
+        scores = {}
+        for name in self.screen:
+            run = self.run_piece(f"screen-{name}", self.rl(self.runs / f"screen-{name}", name, self.scale.screen_cpu),
+                                 "rl", fresh=True, setting=name)
+            val = self.run_piece(f"val-screen-{name}", self.evaluate(self.runs / f"screen-{name}",
+                                 self.runs / f"val-screen-{name}", "val", self.scale.val_tasks, self.scale.val_k),
+                                 "eval", fresh=False, setting=name)
+            scores[name] = val["success"]
+        choice = choose(scores, list(self.screen))
+        own.write_text(json.dumps({"choice": choice, "scores": scores, "settings": self.screen, "rule": RULE},
+                                  indent=1) + "\n")
+        return choice
+
+    def arm_rl(self, setting: str) -> dict:
+        name, out = "arm-rl", self.runs / "arm-rl"
+        if self.done(name) is None and (out / "checkpoints" / "latest").exists():  # resume what is left
+            left = self.scale.arm_cpu - rl_cpu_spent(out, self.nproc)
+            cmd = self.rl(out, setting, max(left, 1e-3)) + ["--resume"]
+            return self.run_piece(name, cmd, "rl", fresh=False, setting=setting, resumed=True)
+        return self.run_piece(name, self.rl(out, setting, self.scale.arm_cpu), "rl", setting=setting)
+
+    def main(self) -> Path:
+        self.results.mkdir(parents=True, exist_ok=True)
+        (self.results / "protocol.json").write_text(json.dumps(
+            {"env": self.env, "seed": self.seed, "demo_seed": self.demo_seed, "scale": asdict(self.scale),
+             "recipe": self.recipe, "turns": self.turns, "screen": self.screen, "rule": RULE}, indent=1) + "\n")
+        self.demos()
+        self.plateau()
+        setting = self.screened()
+        wstar = str(self.wstar())
+        arms = {"W*": None, "rl": self.arm_rl(setting),
+                "imitation": self.run_piece("arm-imitation", self.imitate(
+                    wstar, self.runs / "arm-imitation", self.seed * 100 + 50, epochs=100_000,
+                    seconds=self.scale.arm_cpu), "imitation"),
+                "self": self.run_piece("arm-self", self.imitate(
+                    wstar, self.runs / "arm-self", self.seed * 100 + 60, epochs=100_000, seconds=self.scale.arm_cpu,
+                    actor="policy"), "imitation")}
+        models = {"W*": Path(wstar), "rl": self.runs / "arm-rl", "imitation": self.runs / "arm-imitation" / "warmstart",
+                  "self": self.runs / "arm-self" / "warmstart"}
+        for label, model in models.items():
+            self.run_piece(f"test-{label.replace('*', 'star')}", self.evaluate(
+                model, self.runs / f"test-{label.replace('*', 'star')}", self.scale.test_split, self.scale.test_tasks,
+                self.scale.test_k), "eval", fresh=False, model=label)
+        from lab import results as published
+        labels = {"W*": "W* (imitation plateau)", "imitation": "W* + more imitation (B)",
+                  "self": "W* + self-imitation (C)", "rl": "W* + RL (A)"}
+        evals = [(labels[k], self.runs / f"test-{k.replace('*', 'star')}") for k in ("W*", "imitation", "self", "rl")]
+        if not (self.results / "test" / "manifest.json").exists():
+            if (self.results / "test").exists():
+                shutil.rmtree(self.results / "test")
+            published.publish(None, self.results / "test", evals)
+        (self.results / "summary.md").write_text(summary(self.results, evals, arms))
+        print((self.results / "summary.md").read_text())
+        return self.results
+
+    def demos(self) -> None:
+        """demos.json: the finite set's task ids, drawn as the warm start draws them (warmstart.demo_tasks)."""
+        import envs
+        import warmstart
+        env = envs.make(self.env, **json.loads(self.recipe["env_options"]))
+        try:
+            ids = warmstart.demo_tasks(env.tasks("train"), self.scale.demo_tasks, self.demo_seed)
+        finally:
+            env.close()
+        (self.results / "demos.json").write_text(json.dumps({"seed": self.demo_seed, "tasks": ids}) + "\n")
+
+
+def machine() -> str:
+    """The CPU kind a piece ran on: CPU seconds buy different work on each (compare arms of one kind only)."""
+    info = {}
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        return "unknown"
+    flags = set(info.get("flags", "").split())
+    bf16 = "amx_bf16" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "no bf16"
+    return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, " \
+           f"{bf16}, {os.cpu_count()} cores)"
+
+
+def rl_cpu_spent(out: Path, world: int) -> float:
+    """CPU seconds of an RL run's logged steps up to its latest checkpoint (time/cpu_step is the ranks' mean)."""
+    latest = (out / "checkpoints" / "latest").read_text().strip()
+    steps = int(latest.split("_")[-1])
+    rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    return sum(r.get("time/cpu_step", 0.0) * world for s, r in rows.items() if s < steps)
+
+
+def measure(out: Path, kind: str, world: int) -> dict:
+    """What a finished piece measured, from its own files."""
+    if kind == "eval":
+        from lab.stats import task_means
+        rows = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines() if line.strip()]
+        means = task_means(rows)
+        return {"success": sum(means.values()) / max(len(means), 1), "tasks": len(means), "episodes": len(rows)}
+    if kind == "rl":
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        return {"steps": len(rows), "episodes_played": int(sum(r.get("episodes", 0) for r in rows)),
+                "budget_cpu_s": round(sum(r.get("time/cpu_step", 0.0) * world for r in rows), 1),
+                "train_success": rows[-1].get("success") if rows else None}
+    done = json.loads((out / "warmstart.jsonl").read_text().splitlines()[-1])
+    return {"demonstrations": done["demonstrations"], "played": done.get("played"), "optimizer_steps": done["optimizer_steps"],
+            "budget_cpu_s": round(done.get("budget_spent", 0.0), 1), "actor": done.get("actor")}
+
+
+def summary(results: Path, evals: list[tuple[str, Path]], arms: dict) -> str:
+    """summary.md: each model's test figures (success, Pass@k, refused share, never-/always-solved tasks) and
+    each arm's resources, from the evaluations' own files."""
+    from lab.results import REFUSALS
+    from lab.stats import load_evals, pass_at_k, task_means
+    _, records = load_evals(evals)
+    env = json.loads((results / "protocol.json").read_text())["env"]
+    lines = [f"# {results.name}: the finite-demonstrations protocol", "",
+             f"Generated by `python -m lab.protocol` from this folder's files; paired intervals: test/tables.md.", "",
+             "| model | tasks | success % | Pass@k % | refused turns % | never solved | always solved |", "|---|---|---|---|---|---|---|"]
+    for label, recs in records:
+        by_task: dict[int, list[bool]] = {}
+        refused = observed = 0
+        for r in recs:
+            by_task.setdefault(r["task_id"], []).append(bool(r["success"]))
+            msgs = r.get("messages", [])
+            for m, nxt in zip(msgs, msgs[1:]):
+                if m["role"] == "assistant" and nxt["role"] == "user":
+                    observed += 1
+                    refused += any(mark in nxt["content"] for mark in REFUSALS.get(env, ()))
+        k = min(len(s) for s in by_task.values())
+        means = task_means(recs)
+        passk = sum(pass_at_k(len(s), sum(s), k) for s in by_task.values()) / len(by_task)
+        lines.append(f"| {label} | {len(by_task)} | {100 * sum(means.values()) / len(means):.1f} | {100 * passk:.1f} "
+                     f"(k={k}) | {100 * refused / max(observed, 1):.1f} | {sum(not any(s) for s in by_task.values())} | "
+                     f"{sum(all(s) for s in by_task.values())} |")
+    lines += ["", "| arm | CPU s (all processes) | budgeted CPU s | wall s | episodes played | per hour (wall) |",
+              "|---|---|---|---|---|---|"]
+    kinds = {rec.get("machine") for rec in arms.values() if rec is not None}
+    for name, rec in arms.items():
+        if rec is None:
+            continue
+        played = rec.get("episodes_played") or rec.get("played") or 0
+        lines.append(f"| {name} | {rec['cpu_s']:.0f} | {rec.get('budget_cpu_s', 0):.0f} | {rec['wall_s']:.0f} | "
+                     f"{played} | {3600 * played / max(rec['wall_s'], 1e-9):.0f} |")
+    lines += [f"", f"Machine: {' / '.join(sorted(map(str, kinds)))}" + (
+        "  \nNOTE: the arms ran on different CPU kinds; their CPU seconds are not comparable." if len(kinds) > 1 else "")]
+    lines += ["", "Episodes played: RL's rollouts; imitation: the expert's replays of the finite set (the same "
+              "demonstrations, not new ones); self-imitation: W*'s own play, whose successes it imitates."]
+    return "\n".join(lines) + "\n"
+
+
+def check(args) -> str | None:
+    """A broken protocol command: one line, before anything starts."""
+    s = args.scale
+    if s.patience < 1:
+        return f"--patience must be at least 1, got {s.patience}: imitation would stop before any epoch compared"
+    if s.arm_cpu <= 0 or s.screen_cpu <= 0:
+        return "--arm-cpu and --screen-cpu must be positive: an arm with no time left trains nothing"
+    if s.demo_tasks < 1 or s.val_tasks < 1 or s.test_tasks < 1 or s.self_episodes < 1:
+        return "--demo-tasks, --val-tasks, --test-tasks and --self-episodes must be positive"
+    import envs
+    if not hasattr(envs.env_class(args.env), "expert"):
+        return f"{args.env} has no expert to demonstrate (env.expert()); the protocol needs one"
+    env = envs.make(args.env, **json.loads(__import__("recipes").smollm2(args.env)["env_options"]))
+    try:
+        train, test = env.tasks("train"), env.tasks(s.test_split)
+    except ValueError as exc:
+        return f"--test-split: {exc}"
+    finally:
+        env.close()
+    if s.demo_tasks > len(train):
+        return (f"--demo-tasks {s.demo_tasks}: the expert cannot fill it, {args.env} has {len(train)} train tasks; "
+                f"ask for at most {len(train)}")
+    if s.test_tasks > len(test):
+        return f"--test-tasks {s.test_tasks}: the {s.test_split} split has {len(test)} tasks"
+    return None
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="The finite-demonstrations protocol (lab/protocol.py's docstring).")
+    p.add_argument("--env", default="babyai")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", default="full", choices=sorted(SCALES))
+    for field in ("demo_tasks", "patience", "max_epochs", "val_tasks", "test_tasks", "self_episodes"):
+        p.add_argument(f"--{field.replace('_', '-')}", type=int, default=None)
+    for field in ("arm_cpu", "screen_cpu"):
+        p.add_argument(f"--{field.replace('_', '-')}", type=float, default=None)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--runs", default="runs/protocol-{env}-seed{seed}")
+    p.add_argument("--results", default="results/protocol-{env}-seed{seed}")
+    p.add_argument("--plan", action="store_true", help="print the settings and stop")
+    args = p.parse_args(argv)
+    scale = SCALES[args.scale]
+    scale = replace(scale, **{k: v for k, v in vars(args).items() if k in asdict(scale) and v is not None})
+    args.scale = scale
+    if problem := check(args):
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    fill = dict(env=args.env, seed=args.seed)
+    os.chdir(ROOT)  # paths stay relative to the repository: the result folders name no machine's paths
+    proto = Protocol(args.env, args.seed, scale, Path(args.runs.format(**fill)), Path(args.results.format(**fill)),
+                     args.nproc)
+    if args.plan:
+        print(json.dumps({"scale": asdict(scale), "screen": proto.screen, "rule": RULE, "turns": proto.turns}, indent=1))
+        return
+    proto.runs.mkdir(parents=True, exist_ok=True)
+    proto.main()
+
+
+if __name__ == "__main__":
+    main()
