@@ -26,6 +26,11 @@ KV heads copied 3 -> 9 under a padding mask, and every step's logits kept in fp3
    batch it ran in, and no per-row torch.Generator (which a graph cannot take) is needed. The logprob is
    the raw model's (before temperature and top-p), as the trainer scores it (engine.py's contract).
 5. **The host looks every CHECK_EVERY steps** whether every row has stopped (a stop id or its cap).
+6. **On CUDA the engine owns its stream and device.** A call runs on the engine's own stream, under its own
+   device, after the caller's stream's work and before the caller's next (`on_stream`): warm-up, capture
+   and replay share one stream, and the caller's stream is current again however the call ends. A
+   capture that fails (`capture`) gives that call eager steps and is tried again on the next call, at
+   most CAPTURE_TRIES times in a row. SDPA's kernel is chosen, not left to torch (`BACKENDS`).
 
 `sync_weights` copies the new weights in and drops every cached row (their KV came from the old
 weights); `sleep()` frees the cache. Llama-shaped decoders only (Llama, Qwen2, Qwen3, Mistral without
@@ -33,6 +38,7 @@ sliding windows): `supports` says why another is refused.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from dataclasses import dataclass
@@ -40,12 +46,22 @@ from typing import Iterable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from infra.samples import Sample, Sampling, copy_weights
 
 BLOCK = 32           # tokens per hashed block of the prefix match
 WIDTH_STEP = 64      # a call's KV width is rounded up to this (SDPA's mask alignment; fewer distinct shapes)
 CHECK_EVERY = 8      # decode steps between the host's looks at "has every row stopped?"
+CAPTURE_TRIES = 3    # failed CUDA graph captures in a row after which the engine decodes eagerly for good
+# SDPA's kernels, by device type, in order of preference; pinned because torch's own choice differs by
+# version and by cuDNN, and the tests exercised only the CPU's. CUDA: the memory-efficient kernel alone. It
+# takes an arbitrary additive mask (flash attention takes none), runs under graph capture at any query length
+# (torch turned cuDNN attention off under CUDA graphs for query lengths not divisible by 128 in some
+# versions, and decode's query length is the GQA group: 3 for SmolLM2), and is the same kernel whatever cuDNN
+# is installed; with no fallback listed, inputs it refuses raise "No available kernel" instead of quietly
+# running another kernel. CPU: torch's CPU flash kernel (its default here; it takes masks), math if it refuses.
+BACKENDS = {"cuda": [SDPBackend.EFFICIENT_ATTENTION], "cpu": [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]}
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
 
@@ -123,16 +139,25 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), -1)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
-    """q (b, s, H, D) against the cache k, v (b, Hkv, W, D); visible (b, s, W) bool. Returns (b, s, H*D).
-    The G = H / Hkv query heads of one KV head become G x s query rows of that head: no KV head is copied
-    (transformers' repeat_kv copies them, once per layer and step)."""
+def attention_bias(visible: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
+    """visible (b, s, W) bool -> (b, 1, G*s, W) additive mask in the model's dtype (0 seen, -inf hidden), laid
+    out as `attend`'s query rows. Made once per forward and shared by every layer: given the bool mask, SDPA
+    would expand and convert it again in each of them (30 for SmolLM2). Position 0 is always visible, so no
+    row is all -inf (which would give NaN)."""
+    b, s, width = visible.shape
+    rows = visible[:, None, None].expand(b, 1, g, s, width).reshape(b, 1, g * s, width)
+    return torch.zeros(rows.shape, dtype=dtype, device=rows.device).masked_fill_(~rows, float("-inf"))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """q (b, s, H, D) against the cache k, v (b, Hkv, W, D); bias (b, 1, G*s, W) from `attention_bias`.
+    Returns (b, s, H*D). The G = H / Hkv query heads of one KV head become G x s query rows of that head: no
+    KV head is copied (transformers' repeat_kv copies them, once per layer and step)."""
     b, s, heads, dim = q.shape
     kv_heads = k.shape[1]
     g = heads // kv_heads
     q = q.view(b, s, kv_heads, g, dim).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, g * s, dim)
-    mask = visible[:, None, None].expand(b, 1, g, s, visible.shape[-1]).reshape(b, 1, g * s, visible.shape[-1])
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)       # (b, Hkv, G*s, D)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)       # (b, Hkv, G*s, D)
     return out.view(b, kv_heads, g, s, dim).permute(0, 3, 1, 2, 4).reshape(b, s, heads * dim)
 
 
@@ -146,6 +171,15 @@ class Cache:
     @property
     def width(self) -> int:
         return self.keys[0].shape[2]
+
+
+def gather_rows(cache: Cache, idx: torch.Tensor) -> None:
+    """Replace the cache's rows by its rows `idx` (a prompt's unit per row), one layer at a time: each
+    layer's units are freed as its rows arrive, so the peak is the rows plus one layer of units, as
+    memplan.torch_engine_rows plans, not the rows plus every unit."""
+    for layer in range(len(cache.keys)):
+        cache.keys[layer] = cache.keys[layer][idx]
+        cache.values[layer] = cache.values[layer][idx]
 
 
 def block_hashes(ids: list[int], n: int) -> list[int]:
@@ -178,6 +212,70 @@ def match(prompt: list[int], cache: Cache | None, index: dict[int, int]) -> tupl
     return row, m
 
 
+# ---- the engine's CUDA stream and the decode step's graph ------------------------------------------------
+# `cuda` is torch.cuda; the tests pass a stand-in with the same few calls, since CUDA cannot run on their CPU.
+
+@contextlib.contextmanager
+def on_stream(stream, cuda=torch.cuda):
+    """The block runs on `stream`, under its device, after the work queued so far on the caller's stream (a
+    weight sync's copies) and before the caller's next (an update that frees memory the block read). The
+    caller's stream is current again when the block ends, whatever it raised."""
+    with cuda.device(stream.device):
+        caller = cuda.current_stream()
+        stream.wait_stream(caller)
+        cuda.set_stream(stream)
+        try:
+            yield
+        finally:
+            cuda.set_stream(caller)
+            caller.wait_stream(stream)
+
+
+def capture(step, stream, cuda=torch.cuda):
+    """`step` recorded as a CUDA graph on `stream`, the stream its warm-up steps ran on (so cuBLAS's workspace
+    for that stream was made before, outside the graph's private pool). Does not use torch.cuda.graph: its
+    __exit__ calls capture_end() before restoring the stream, and when the capture was invalidated (a sync
+    inside the step, an allocation that failed) capture_end raises first, leaving the process on the capture
+    stream and the allocator still routing that stream's allocations into the graph's pool. Here the caller's
+    stream is current again on every path, and a failed capture's pool is given back (`_drop_pool`)."""
+    graph, pool = cuda.CUDAGraph(), cuda.graph_pool_handle()
+    cuda.synchronize()  # earlier work done, so that a capture failure is the step's own
+    caller = cuda.current_stream()
+    cuda.set_stream(stream)
+    try:
+        graph.capture_begin(pool=pool)
+        try:
+            step()
+        except BaseException:
+            with contextlib.suppress(RuntimeError):  # ends the stream's capture; raises if it was invalidated
+                graph.capture_end()
+            raise
+        graph.capture_end()
+    except BaseException:
+        graph.reset()  # forgets the capture (and releases its pool if capture_end got that far)
+        _drop_pool(pool, cuda)
+        raise
+    finally:
+        cuda.set_stream(caller)
+    return graph
+
+
+def _drop_pool(pool, cuda) -> None:
+    """What capture_end did not reach when it raised: the allocator stops routing allocations into the pool,
+    and the pool is released. These two are torch's private bindings (torch.cuda.memory imports them for
+    its MemPool); where they are missing the pool stays registered, as torch.cuda.graph leaves it."""
+    end = getattr(cuda.memory, "_cuda_endAllocateToPool", None)
+    release = getattr(cuda.memory, "_cuda_releasePool", None)
+    if end is None or release is None:
+        return
+    device = cuda.current_device()
+    try:
+        end(device, pool)
+    except RuntimeError:  # capture_end had ended it, and graph.reset() has released the pool
+        return
+    release(device, pool)
+
+
 class TorchEngine:
     """engine.py's generator contract over a transformers model, decoded by this file's own loop."""
 
@@ -185,28 +283,35 @@ class TorchEngine:
                  prefill_tokens: int | None = None, graphs: bool | None = None):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
+        self.device = torch.device(device)
+        cuda = self.device.type == "cuda"
+        if cuda and self.device.index is None:  # "cuda" is the current device: name it, so every call runs there
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(self.device).eval()
         if problem := supports(self.model.config):
             raise ValueError(problem)
-        self.device = torch.device(device)
         self.decoder = self.model.get_decoder()
         attn = self.decoder.layers[0].self_attn
         self.head_dim, self.scale = attn.head_dim, attn.scaling
         self.heads = self.model.config.num_attention_heads
         self.kv_heads = self.model.config.num_key_value_heads
-        cuda = self.device.type == "cuda"
         self.prefill_tokens = prefill_tokens or (16384 if cuda else 2048)  # tokens per prefill chunk
         self.graphs = cuda if graphs is None else graphs
+        self.capture_failures = 0  # in a row; CAPTURE_TRIES of them turn graphs off
+        self.backends = BACKENDS[self.device.type]
+        self.stream = torch.cuda.Stream(self.device) if cuda else None
         self.gen = torch.Generator().manual_seed(seed)  # seeds of unseeded requests
         self.cache: Cache | None = None
         self.index: dict[int, int] = {}
-        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0}
+        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "graph_captures": 0,
+                      "capture_failures": 0}
 
     # -- one layer stack over (rows, positions) --
     def _layers(self, h, rows: slice, pos, cache: Cache, cos, sin, width: int):
         """h (b, s, hidden) at positions pos (b, s) of the cache's rows `rows`; their KV written there."""
         b, s, _ = h.shape
         visible = torch.arange(width, device=h.device)[None, None, :] <= pos[:, :, None]       # (b, s, W)
+        bias = attention_bias(visible, self.heads // self.kv_heads, h.dtype)                   # (b, 1, G*s, W)
         c, n = cos[pos][:, :, None], sin[pos][:, :, None]                                       # (b, s, 1, D)
         where = pos[:, None, :, None].expand(b, self.kv_heads, s, self.head_dim)                # KV slots written
         for layer, keys, values in zip(self.decoder.layers, cache.keys, cache.values):
@@ -222,7 +327,7 @@ class TorchEngine:
             # scatter_, not index_put_: a plain kernel, safe inside a CUDA graph (duplicate padding slots are harmless)
             keys.scatter_(2, where, k.transpose(1, 2))                                           # (b, Hkv, s, D)
             values.scatter_(2, where, v.transpose(1, 2))
-            h = h + a.o_proj(attend(q, keys, values, visible, self.scale))
+            h = h + a.o_proj(attend(q, keys, values, bias, self.scale))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return h
 
@@ -232,20 +337,31 @@ class TorchEngine:
         cos, sin = self.decoder.rotary_emb(dummy, positions)                                    # (1, W, D)
         return cos[0], sin[0]
 
+    def scope(self):
+        """What a call runs under: SDPA's chosen kernels (BACKENDS) and, on CUDA, the engine's device and stream."""
+        stack = contextlib.ExitStack()
+        if self.stream is not None:
+            stack.enter_context(on_stream(self.stream))
+        stack.enter_context(sdpa_kernel(self.backends))
+        return stack
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: Sampling) -> list[Sample]:
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("an empty prompt: every prompt needs at least one token")
+        with self.scope():
+            return self._generate(prompts, params)
+
+    def _generate(self, prompts: list[list[int]], params: Sampling) -> list[Sample]:
         caps, seeds = params.caps(len(prompts)), params.seeds(len(prompts))
         width = -(-max(len(p) + cap for p, cap in zip(prompts, caps)) // WIDTH_STEP) * WIDTH_STEP
         cos, sin = self._rope(width)
         unit_of = self._build(prompts, width, cos, sin)
-        cache = self.cache
+        cache = self.cache  # self.index stays empty until this call's rows are complete
         if len(set(unit_of)) < len(prompts):  # a unit shared by several prompts (a group's one prompt): copied out
-            idx = torch.tensor(unit_of, device=self.device)
-            cache = Cache([k[idx] for k in cache.keys], [v[idx] for v in cache.values], [])
+            gather_rows(cache, torch.tensor(unit_of, device=self.device))
             order = list(range(len(prompts)))  # row r is prompt r
         else:
             order = sorted(range(len(prompts)), key=unit_of.__getitem__)  # row r is unit r: prompt order[r]
@@ -266,16 +382,21 @@ class TorchEngine:
         the remainder's length so that a prefill chunk is a slice of rows; their KV: the matched prefix
         copied from the previous call's rows, the remainder prefilled. Leaves the units' cache in
         self.cache; returns the unit of each prompt."""
+        # the old cache and its index leave the engine together: an exception anywhere from here on (in the
+        # prefill, in decode) leaves no index into rows that are gone. An empty index matches nothing, so
+        # its cache is not even read
+        old, index = (self.cache, self.index) if self.index else (None, {})
+        self.cache, self.index = None, {}
         found = {}
         for i, p in enumerate(prompts):
-            row, m = match(p, self.cache, self.index)
+            row, m = match(p, old, index)
             found.setdefault((row, m, tuple(p[m:len(p) - 1])), []).append(i)
         plan = sorted(found.items(), key=lambda kv: len(kv[0][2]))  # [((row, m, tail), prompts)], shortest first
         unit_of = [0] * len(prompts)
         for u, (_, members) in enumerate(plan):
             for i in members:
                 unit_of[i] = u
-        old, shape = self.cache, (len(plan), self.kv_heads, width, self.head_dim)
+        shape = (len(plan), self.kv_heads, width, self.head_dim)
         new = Cache([], [], [])
         src = torch.tensor([max(row, 0) for (row, _, _), _ in plan], device=self.device)
         for layer in range(len(self.decoder.layers)):  # a layer at a time: old and new rows never both whole
@@ -338,14 +459,9 @@ class TorchEngine:
 
         graph, t, timed_from = None, 0, None
         while t < steps:
-            if t == 2:  # two eager steps warm up (cuBLAS workspaces); then the graph, or more eager steps
-                if self.graphs:
-                    try:
-                        graph = self._capture(step)
-                    except RuntimeError as exc:  # never lose a run to it: eager steps give the same tokens, slower
-                        print(f"warning: infra/decode.py could not capture its step as a CUDA graph ({str(exc)[:160]}); "
-                              "decoding eagerly", flush=True)
-                        self.graphs = False
+            if t == 2:  # two eager steps warm up (cuBLAS workspaces, on this same stream); then the graph, or eager
+                if self.graphs and self.capture_failures < CAPTURE_TRIES:
+                    graph = self._try_capture(step)
                 timed_from = self._clock()
             if graph is not None:
                 graph.replay()
@@ -366,12 +482,26 @@ class TorchEngine:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def _capture(self, step):
-        """The decode step as a CUDA graph: its kernels recorded once and replayed with one launch."""
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
+    def _try_capture(self, step):
+        """The decode step as a CUDA graph (its kernels recorded once, replayed with one launch), or None: a
+        failed capture costs this call its graph, not the run; the next call tries again, until CAPTURE_TRIES
+        failures in a row turn graphs off for good."""
+        try:
+            graph = self._capture(step)
+        except RuntimeError as exc:  # eager steps give the same tokens, slower
+            self.capture_failures += 1
+            self.stats["capture_failures"] += 1
+            later = (f"tried again on the next call ({CAPTURE_TRIES - self.capture_failures} more tries)"
+                     if self.capture_failures < CAPTURE_TRIES else "not tried again")
+            print(f"warning: infra/decode.py could not capture its step as a CUDA graph ({str(exc)[:160]}); this "
+                  f"call decodes eagerly, capture {later}", flush=True)
+            return None
+        self.capture_failures = 0
+        self.stats["graph_captures"] += 1
         return graph
+
+    def _capture(self, step):
+        return capture(step, self.stream)
 
     def reset(self) -> None:
         """Drop every cached row (after a weight change their KV is stale)."""

@@ -1,7 +1,15 @@
 """infra/decode.py, the project's own decode loop, on the CPU: its sampler and seeds, the same tokens as
 transformers under greedy decoding (float32, tiny model and SmolLM2), the model's own logprobs in
 bfloat16, KV rows reused across turns exactly as a fresh prefill, a group's prompt prefilled once,
-and a weight sync that drops every cached row. CUDA graphs run only on a GPU (bench/generate.py --device cuda)."""
+and a weight sync that drops every cached row; an exception in decode that leaves the next call whole, rows
+copied from shared units a layer at a time, the attention mask made once for every layer, SDPA's kernels
+chosen. CUDA graphs and streams run only on a GPU (bench/gpu_check.py, bench/generate.py --device cuda); here
+their handling runs against a stand-in for torch.cuda's few calls (FakeCuda), and the engine's retry of a
+failed capture against a stand-in capture."""
+import contextlib
+import types
+import weakref
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -200,3 +208,192 @@ def test_train_py_runs_its_steps_and_evaluations_on_the_own_loop(tmp_path):
     rows = metrics(out)
     assert len(rows) == 2 and all("eval/success" in r for r in rows)
     assert all(r["sampler_gap"] < 1e-3 for r in rows)  # float32: the trainer scores the samples as sampled
+
+
+def test_an_exception_in_decode_leaves_the_cache_and_its_index_consistent(model_dir, monkeypatch):
+    """The old cache's index outlived its cache: after a failed call the next one raised IndexError in `match`."""
+    params = engines.Sampling(max_tokens=8, seed=2)
+    eng = decode.TorchEngine(model_dir, "cpu", "float32")
+    second = two_turns(eng, params)
+    second = second + second[:2]  # two prompts twice: their rows are copied from shared units (gather_rows)
+    real, calls = decode.sample, []
+
+    def failing(*args):  # the third decode step of the second call fails
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("injected")
+        return real(*args)
+    monkeypatch.setattr(decode, "sample", failing)
+    with pytest.raises(RuntimeError, match="injected"):
+        eng.generate(second, params)
+    monkeypatch.setattr(decode, "sample", real)
+    again = eng.generate(second, params)
+    fresh = decode.TorchEngine(model_dir, "cpu", "float32").generate(second, params)
+    assert [s.ids for s in again] == [s.ids for s in fresh]
+    assert eng.index and len(eng.cache.ids) == len(second)
+
+
+def test_rows_copied_from_shared_units_free_each_layer_as_its_rows_arrive():
+    layers = 5
+    units = [torch.randn(2, 3, 64, 8) for _ in range(2 * layers)]
+    want = [t[torch.tensor([0, 1, 1, 0])] for t in units]
+    refs = [weakref.ref(t) for t in units]
+    alive = []
+
+    class Layers(list):  # how many units are alive each time a layer's rows are stored
+        def __setitem__(self, i, value):
+            alive.append(sum(r() is not None for r in refs))
+            super().__setitem__(i, value)
+    cache = decode.Cache(Layers(units[:layers]), Layers(units[layers:]), [])
+    del units
+    decode.gather_rows(cache, torch.tensor([0, 1, 1, 0]))
+    assert all(torch.equal(a, b) for a, b in zip(cache.keys + cache.values, want))
+    # one unit fewer at each store: when the last layer's rows arrive, only that layer's units are left
+    assert alive == list(range(2 * layers, 0, -1)) and all(r() is None for r in refs)
+
+
+def test_attend_with_one_bias_for_every_layer_is_per_head_attention():
+    torch.manual_seed(0)
+    b, s, heads, kv, dim, width = 3, 2, 6, 2, 8, 64
+    q, k, v = torch.randn(b, s, heads, dim), torch.randn(b, kv, width, dim), torch.randn(b, kv, width, dim)
+    pos = torch.tensor([[5, 6], [40, 41], [0, 1]])
+    visible = torch.arange(width)[None, None] <= pos[:, :, None]                       # (b, s, W)
+    bias = decode.attention_bias(visible, heads // kv, torch.float32)
+    assert bias.shape == (b, 1, heads // kv * s, width) and torch.isinf(bias).any()
+    out = decode.attend(q, k, v, bias, 0.3)
+    # the plain computation: every query head against its KV head, copied (repeat_kv), softmax over visible keys
+    kk, vv = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)   # (b, H, W, D)
+    scores = torch.einsum("bshd,bhwd->bhsw", q, kk) * 0.3
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    ref = torch.einsum("bhsw,bhwd->bshd", scores.softmax(-1), vv).reshape(b, s, heads * dim)
+    assert torch.allclose(out, ref, atol=1e-5)
+
+
+def test_sdpa_runs_a_kernel_of_the_engines_stated_list(model_dir):
+    eng = decode.TorchEngine(model_dir, "cpu", "float32")
+    assert eng.backends == decode.BACKENDS["cpu"] and decode.BACKENDS["cuda"] == [decode.SDPBackend.EFFICIENT_ATTENTION]
+    q, k = torch.randn(4, 2, 6, 16), torch.randn(4, 2, 64, 16)
+    bias = decode.attention_bias(torch.arange(64)[None, None] <= torch.full((4, 3, 1), 9), 2, torch.float32)
+    with eng.scope():  # what torch picks for a decode step's shapes under the engine's list
+        chosen = decode.SDPBackend(torch._fused_sdp_choice(q, k, k, attn_mask=bias))
+    assert chosen in eng.backends
+
+
+class FakeStream:
+    def __init__(self, name):
+        self.name, self.device, self.waited_for = name, torch.device("cuda", 0), []
+
+    def wait_stream(self, other):
+        self.waited_for.append(other.name)
+
+
+class FakeGraph:
+    """CUDAGraph's rules that matter here: capture_end must run on the capture stream; a capture invalidated
+    (by a sync inside it) makes capture_end raise before it stops routing allocations into the pool."""
+
+    def __init__(self, cuda):
+        self.cuda, self.reset_done, self.stream = cuda, False, None
+
+    def capture_begin(self, pool):
+        self.stream, self.pool = self.cuda.current, pool
+        self.cuda.capturing, self.cuda.routed, self.cuda.invalidated = self, pool, False
+
+    def capture_end(self):
+        if self.cuda.current is not self.stream:
+            raise RuntimeError("Capture must end on the same stream it began on.")
+        self.cuda.capturing = None
+        if self.cuda.invalidated:
+            raise RuntimeError("operation failed due to a previous error during capture")
+        self.cuda.routed = None
+
+    def reset(self):
+        self.reset_done = True
+
+
+class FakeCuda:
+    """torch.cuda's few calls that decode.capture and decode.on_stream make (CUDA cannot run here)."""
+
+    def __init__(self):
+        self.current, self.capturing, self.routed, self.invalidated, self.released = FakeStream("caller"), None, None, False, []
+        self.memory = types.SimpleNamespace(_cuda_endAllocateToPool=self.end_pool, _cuda_releasePool=self.release_pool)
+
+    def sync(self):  # what a step's .item() does: inside a capture it invalidates the capture
+        if self.capturing:
+            self.invalidated = True
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    def end_pool(self, device, pool):
+        if self.routed != pool:
+            raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+        self.routed = None
+
+    def release_pool(self, device, pool):
+        self.released.append(pool)
+
+    def current_stream(self):
+        return self.current
+
+    def set_stream(self, stream):
+        self.current = stream
+
+    def device(self, device):
+        return contextlib.nullcontext()
+
+    def synchronize(self):
+        pass
+
+    def current_device(self):
+        return 0
+
+    def graph_pool_handle(self):
+        return (0, 7)
+
+    def CUDAGraph(self):  # noqa: N802 (torch.cuda's name)
+        self.graph = FakeGraph(self)
+        return self.graph
+
+
+def test_a_failed_capture_leaves_the_callers_stream_current_and_gives_its_pool_back():
+    cuda, side = FakeCuda(), FakeStream("engine")
+    with pytest.raises(RuntimeError, match="not permitted"):
+        decode.capture(cuda.sync, side, cuda)
+    # torch.cuda.graph's __exit__ would have left `side` current and the pool taking its allocations
+    assert cuda.current.name == "caller" and cuda.capturing is None
+    assert cuda.routed is None and cuda.released == [(0, 7)] and cuda.graph.reset_done
+    ran_on = []
+    graph = decode.capture(lambda: ran_on.append(cuda.current.name), side, cuda)  # and a later capture works
+    assert ran_on == ["engine"] and cuda.current.name == "caller" and graph is cuda.graph
+    assert cuda.routed is None and cuda.released == [(0, 7)]  # a captured graph keeps its pool
+
+
+def test_a_call_on_the_engines_stream_is_ordered_and_gives_the_callers_stream_back():
+    cuda, side = FakeCuda(), FakeStream("engine")
+    caller = cuda.current
+    with pytest.raises(ValueError), decode.on_stream(side, cuda):
+        assert cuda.current is side
+        raise ValueError("a failure inside the call")
+    assert cuda.current is caller
+    assert side.waited_for == ["caller"] and caller.waited_for == ["engine"]
+
+
+def test_a_failed_capture_is_tried_again_on_the_next_call_a_bounded_number_of_times(model_dir, capsys):
+    params = engines.Sampling(max_tokens=6, seed=4)
+    prompts = prompts_of([20, 33, 9], 3)
+    eager = decode.TorchEngine(model_dir, "cpu", "float32").generate(prompts, params)
+    eng = decode.TorchEngine(model_dir, "cpu", "float32", graphs=True)
+    tries, outcomes = [], ["fail", "ok"] + ["fail"] * decode.CAPTURE_TRIES
+
+    def stand_in(step):  # a capture that fails, or one whose replay runs the step (what a graph's replay computes)
+        tries.append(outcomes[len(tries)])
+        if tries[-1] == "fail":
+            raise RuntimeError("capture invalidated")
+        return types.SimpleNamespace(replay=step)
+    eng._capture = stand_in
+    for call in range(2 + decode.CAPTURE_TRIES + 1):
+        out = eng.generate(prompts, params)
+        assert [s.ids for s in out] == [s.ids for s in eager] and [s.logprobs for s in out] == [s.logprobs for s in eager]
+        eng.reset()
+    # tried on every call until CAPTURE_TRIES failures in a row (a success in between resets the count)
+    assert tries == outcomes and eng.stats["graph_captures"] == 1
+    assert eng.stats["capture_failures"] == 1 + decode.CAPTURE_TRIES
+    assert "tried again on the next call" in capsys.readouterr().out
