@@ -40,11 +40,12 @@ import torch.distributed as dist
 import algorithms as A
 import gigpo
 from batch import collate, forward, score
-from infra import budget, checkpoint, lifeline, peaks
+from infra import budget, checkpoint, faults, lifeline, peaks
 from infra.distributed import all_max, all_sum, print0, sync
 from infra.runlog import log_episodes, log_outcomes, memory_metrics, phase_metrics, rollout_metrics, trim_heap
 from stepplan import rank_share, tasks_for_step
-from infra.passes import Passes, micro_batches, pad
+from infra import passes
+from infra.passes import micro_batches, pad
 from rollout import play_rounds, rollout
 from startup import Run, setup
 
@@ -69,48 +70,63 @@ class Scored:
 def update(cfg, models: dict, optimizers: dict, s: Scored, schedulers: dict | None = None, seed: int = 0,
            apply: bool = True, extra_gradient=None, reduce=None) -> dict:
     """Step (4): `ppo_epochs` x `mini_batches` optimizer steps over the batch, each accumulating micro-batches
-    within the token budget. Every term is aggregated by `cfg.agg` over the mini-batch's policy tokens (or
-    sequences) of all ranks, so the gradient does not depend on the split and the KL keeps its weight under
-    every aggregation. infra/passes.py runs the machinery (rows skipped, packing, gradient reduction, probes, the
-    optimizer step); `apply` False keeps the gradients for a later step; `extra_gradient` (an object with
-    `backward(policy)`) adds its gradient before each optimizer step (both for studies.py); `reduce`: (sum, max) over processes, default all ranks. Returns sums
-    of this rank's loss terms (its share of each global mean) and the update count."""
+    within the token budget. Every term is aggregated by `cfg.agg` with one normaliser, the mini-batch's
+    policy tokens (or sequences) over all ranks, so the gradient does not depend on the split and the KL
+    keeps its weight under every aggregation. `apply` False keeps the gradients for a later step
+    (--min-groups); `extra_gradient` (an object with `backward(policy)`: --bc-anchor, studies.py) adds its
+    gradient before each optimizer step; `reduce`: (sum, max) over processes, default all ranks. The
+    machinery (silent rows, packing, deferred reduction, statistics) is infra/passes.py's. Returns the
+    update's figures over all ranks (`passes.Stats.result`)."""
     if s.old is None and (cfg.ppo_epochs > 1 or cfg.mini_batches > 1):
         raise ValueError("old=None (on-policy) needs ppo_epochs == 1 and mini_batches == 1: later updates "
                          "need the logprobs from before the first one (score the batch first)")
-    passes = Passes(cfg, models, s, reduce, extra_gradient)
     policy, critic = models["policy"], models.get("critic")
-    kl_coef = 0.0 if s.kl_in_reward else cfg.kl_coef
-    gen = torch.Generator().manual_seed(seed)
+    reduce_sum, reduce_max = reduce or (all_sum, all_max)
+    world = dist.get_world_size() if reduce is None else 1
+    mask, kl_coef = s.batch["mask"], 0.0 if s.kl_in_reward else cfg.kl_coef
+    silent, defer = passes.silent_rows(cfg, models, s), passes.defers(cfg, models, world, extra_gradient)
+    stats, gen = passes.Stats(), torch.Generator().manual_seed(seed)
     for epoch in range(cfg.ppo_epochs):
         order = torch.randperm(len(s.adv), generator=gen).tolist()
         for part in range(cfg.mini_batches):
-            norm = passes.mini_batch(order[part::cfg.mini_batches])
-            for mb in passes.micro_batches():
+            rows = order[part::cfg.mini_batches]
+            tokens, seqs = reduce_sum(mask[rows].sum(), len(rows))  # all ranks' rows, silent ones included
+            norm = {"token-mean": tokens, "seq-mean-token-mean": seqs, "seq-sum-norm": seqs * cfg.max_context}[cfg.agg]
+            live = [r for r in rows if r not in silent]
+            stats.sums["skipped_rows"] += len(rows) - len(live)
+            for mb in passes.packed(live, s.batch, cfg, reduce_max):
+                passes.gradient_sync(models, not defer or mb.last)
                 lp, ent = forward(policy, s.batch, mb.rows, cfg.temperature, entropy=True, width=mb.width,
                                   entropy_grad=cfg.entropy_coef > 0, shared_prefix=cfg.shared_prefix, policy_only=True)
                 w, dev = lp.shape[1], lp.device
-                m = passes.mask(mb, w, dev)
-                old = lp.detach() if s.old is None else passes.take(s.old, mb, w, dev)
-                pg, pm = A.policy_loss(lp, old, passes.take(s.adv, mb, w, dev), m, cfg.clip_low, cfg.clip_high,
-                                       cfg.dual_clip or None, cfg.agg, norm)
-                kl = lp.new_zeros(()) if s.ref is None else \
-                    A.kl_loss(lp, passes.take(s.ref, mb, w, dev), m, cfg.kl_kind, cfg.agg, norm)
+                take = lambda t: None if t is None else t[mb.rows, :w].to(dev)  # noqa: E731  (b, w)
+                m = take(mask) * mb.real
+                old = lp.detach() if s.old is None else take(s.old)
+                pg, pm = A.policy_loss(lp, old, take(s.adv), m, cfg.clip_low, cfg.clip_high, cfg.dual_clip or None,
+                                       cfg.agg, norm)
+                kl = lp.new_zeros(()) if s.ref is None else A.kl_loss(lp, take(s.ref), m, cfg.kl_kind, cfg.agg, norm)
                 entropy = A.aggregate(ent, m, cfg.agg, norm)  # detached unless entropy_coef > 0
                 value_loss = lp.new_zeros(())
                 if critic is not None:  # PPO's critic, a model of its own: its term reaches only its weights
                     v, _ = forward(critic, s.batch, mb.rows, 1.0, value=True, width=w, shared_prefix=cfg.shared_prefix)
-                    value_loss, _ = A.value_loss(v, passes.take(s.values, mb, w, v.device),
-                                                 passes.take(s.returns, mb, w, v.device), m, normalizer=passes.tokens)
+                    value_loss, _ = A.value_loss(v, take(s.values), take(s.returns), m, normalizer=tokens)
                 # the objective: each term a share of the mini-batch's mean over all ranks
                 loss = pg + kl_coef * kl - cfg.entropy_coef * entropy + value_loss
-                passes.backward(mb, loss, lp, m, {"loss": loss - value_loss, "kl": kl,
-                                                  "entropy": entropy, "value_loss": value_loss,
-                                                  "clip_frac": pm["clip_frac"]})
+                (loss * world).backward()  # FSDP2 averages gradients over ranks; the loss is already their mean
+                kl_tok = None if s.ref is None else A.kl_penalty(lp.detach(), take(s.ref), cfg.kl_kind)
+                stats.micro_batch(m, loss - value_loss, value_loss, ent, kl_tok, pm["clip_frac"])
+                if epoch == 0 and "sampler_logp" in s.batch:  # the sampler probe (train.GAP_ALARM)
+                    stats.probe(lp, take(s.batch["sampler_logp"]), m)
                 del lp, ent, loss, kl, entropy, value_loss  # free this micro-batch's graph before the next forward
-            passes.step(optimizers, schedulers, apply)
-        passes.end_epoch()
-    return passes.stats
+            if extra_gradient is not None:
+                stats.sums["bc_nll"] += extra_gradient.backward(policy) / world  # a share of the global mean
+            faults.point("update")  # test-only: gradients made, optimizer not stepped (infra/faults.py)
+            for key, opt in optimizers.items() if apply else ():
+                norm = passes.optimizer_step(models[key], opt, (schedulers or {}).get(key), cfg.grad_clip)
+                stats.grad_norm += norm if key == "policy" else 0.0
+                stats.idle_steps += key == "policy" and norm == 0.0
+            stats.updates += 1
+    return stats.result(reduce_sum)
 
 
 # ------------------------------------------------------------------ advantages over all ranks
@@ -255,15 +271,14 @@ def log_step(run: Run, step: int, metrics: dict, stats: dict, timing: dict, eval
     """Step (6): the step's metrics over all ranks (a collective), the validation evaluation when due,
     rank 0's line in metrics.jsonl."""
     cfg, world = run.cfg, run.world
-    # every loss term is a rank's share of a global mean: summed over ranks, averaged over updates
-    keys = ("loss", "kl", "entropy", "clip_frac", "value_loss") + (("bc_nll",) if run.studies.anchor else ())
-    metrics.update({k: v / stats["updates"] for k, v in zip(keys, all_sum(*(stats[k] for k in keys)))})
-    metrics["grad_norm"] = stats["grad_norm"] / stats["updates"]
+    # the update's figures are over all ranks already (passes.Stats): loss terms averaged over optimizer
+    # steps, per-token figures over the tokens they were computed on
+    keys = ("loss", "kl", "entropy", "clip_frac", "value_loss", "grad_norm", "sampler_gap") + (
+        ("bc_nll",) if run.studies.anchor else ())
+    metrics.update({k: stats[k] for k in keys})
     metrics["idle_updates"] = stats["idle_steps"]  # optimizer steps left out: a zero gradient (update())
-    metrics["skipped"] = all_sum(stats["skipped_rows"])[0] / (run.per_rank * world * cfg.ppo_epochs)
-    gap, gap_n = all_sum(stats["sampler_gap"], stats["gap_tokens"])
-    metrics["sampler_gap"] = gap / max(gap_n, 1)  # mean |trainer - sampler| logprob per trained token
-    if gap_n and metrics["sampler_gap"] > GAP_ALARM and cfg.temperature == 1.0:
+    metrics["skipped"] = stats["skipped_rows"] / (run.per_rank * world * cfg.ppo_epochs)
+    if stats["gap_tokens"] and metrics["sampler_gap"] > GAP_ALARM and cfg.temperature == 1.0:
         # the cheap probe of every weight sync: an engine that silently kept stale or partly loaded
         # weights samples from another model than the one trained (bf16 noise is about 0.05-0.1)
         print0(f"\nwarning: step {step}: trainer and sampler logprobs differ by {metrics['sampler_gap']:.2f} "

@@ -242,3 +242,29 @@ def test_each_training_reward_and_the_success_bonus():
             got = B.collate(eps, 0, reward=kind, success_bonus=bonus)["rewards"].tolist()
             assert got == pytest.approx([r + bonus * (i == 2) for i, r in enumerate(rewards)]), (kind, bonus)
     assert [e.reward for e in eps] == [-1.0, 0.3, 1.0]  # untouched
+
+
+def test_logged_per_token_statistics_are_means_over_the_tokens_they_were_computed_on():
+    """Half the rows skipped (a constant group, no KL): the logged entropy is the mean over the trained rows'
+    policy tokens, and clip_frac the share of those tokens that were clipped. Dividing by every row's tokens,
+    skipped ones included, halved both (metrics.jsonl's entropy before this test)."""
+    import config as configs
+    import train
+
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.float32)
+    batch = two_turn_batch(model.config.vocab_size)
+    adv = batch["mask"] * torch.tensor([0.0, 0.0, 1.5, -0.5])[:, None]     # rows 0, 1: skipped
+    cfg = configs.Config(kl_coef=0.0, micro_tokens=64)
+    with torch.no_grad():
+        _, ent = B.forward(model, batch, [2, 3], cfg.temperature, entropy=True)
+        old = B.score(model, batch, [[0, 1, 2, 3]], cfg.temperature) - 0.5   # ratio e^0.5: clipped where A > 0
+    m = batch["mask"][[2, 3], :ent.shape[1]].double()
+    want_entropy = float((ent.double() * m).sum() / m.sum())
+    want_clip = float(m[0].sum() / m.sum())                                # row 2's tokens (A > 0) of rows 2, 3
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    stats = train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batch, adv, adv, old=old),
+                         reduce=ONE_PROCESS)
+    assert stats["skipped_rows"] == 2 and want_clip == 0.5
+    assert stats["entropy"] == pytest.approx(want_entropy, rel=1e-5)
+    assert stats["clip_frac"] == pytest.approx(want_clip, rel=1e-6)
