@@ -12,8 +12,9 @@ Each turn of `rollout()`:
 
 Token-exact bookkeeping (docs/design.md): the ids the sampler produced are the ids that are trained on,
 end-of-turn token included; the history is never decoded and re-encoded. Observation tokens come
-from rendering the model's own chat template around placeholders and taking the text difference
-(`ChatFormat`), so any HF chat template works, not only ChatML. `mask` is 1 exactly on sampled tokens.
+from rendering the model's own chat template around placeholders and taking the text that follows a
+closed assistant turn (`ChatFormat`), so HF chat templates work, not only ChatML, including those that
+rewrite earlier turns (Qwen3, DeepSeek-R1 distills). `mask` is 1 exactly on sampled tokens.
 The episode's reward is the env's last reward and belongs on the last sampled token (`reward_index`);
 the original put it on an observation token that the loss mask excluded.
 
@@ -41,18 +42,44 @@ REPLY, OBS = "<<REPLY-PLACEHOLDER>>", "<<OBSERVATION-PLACEHOLDER>>"
 
 
 class ChatFormat:
-    """Turns chat messages into token ids through the tokenizer's own chat template."""
+    """Turns chat messages into token ids through the tokenizer's own chat template.
 
-    def __init__(self, tokenizer, model_dir: str | None = None):
+    An episode's tokens are what the model saw: the first prompt (the template's rendering of the opening
+    and the first observation, generation prompt included), then per turn the sampled reply (its
+    end-of-turn token included) and the template's delta after a closed assistant turn: the rest of the
+    turn's close, the observation as a user turn and the next generation prompt (Qwen3 with
+    `enable_thinking=False`: an empty `<think>` block, which the model saw before its reply).
+
+    Templates that rewrite earlier turns work as well as append-only ones. Qwen3 renders the last assistant
+    turn with a `<think>` block that the same turn loses once a user turn follows; DeepSeek-R1 distills drop
+    earlier reasoning. The delta is read after an assistant turn in the form it keeps in the history (a
+    user turn after it), so no rewrite enters it; the episode keeps every reply as sampled, reasoning
+    included: that is what the model saw when it wrote its next reply, and what is trained. A template whose
+    delta is not one constant text (it depends on the turn's position, or text before the last assistant
+    turn changes as turns are added) is refused with the reason.
+    """
+
+    def __init__(self, tokenizer, model_dir: str | None = None, template_options: dict | None = None):
         self.tok = tokenizer
-        base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-        before = self.render(base + [{"role": "assistant", "content": REPLY}], generation_prompt=False)
-        after = self.render(base + [{"role": "assistant", "content": REPLY}, {"role": "user", "content": OBS}])
-        if not after.startswith(before) or REPLY not in before:
-            raise ValueError("this chat template re-renders earlier turns when a turn is added; "
-                             "multi-turn token bookkeeping needs a template whose history is append-only")
-        close = before[before.index(REPLY) + len(REPLY):]      # e.g. "<|im_end|>\n"
-        self.obs_open, self.obs_close = after[len(before):].split(OBS)
+        self.options = dict(template_options or {})  # passed to the template, e.g. {"enable_thinking": False}
+        reply, obs = (lambda k: f"{REPLY[:-2]}-{k}>>"), (lambda k: f"{OBS[:-2]}-{k}>>")
+        convo = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        for k in (1, 2):
+            convo += [{"role": "assistant", "content": reply(k)}, {"role": "user", "content": obs(k)}]
+        closed = self.render(convo[:3], generation_prompt=False)  # turn 1 while it is the last message
+        one, two = self.render(convo[:4]), self.render(convo)     # turn 1 (and 2) as they stay in the history
+        for text, marks in ((closed, [reply(1)]), (one, [reply(1), obs(1)]), (two, [reply(1), obs(1), reply(2), obs(2)])):
+            if any(text.count(mark) != 1 for mark in marks):
+                self.refuse("it does not render each message's content exactly once")
+        close = closed.split(reply(1))[1]                     # e.g. "<|im_end|>\n"
+        delta = one.split(reply(1))[1]                        # close, user turn, generation prompt
+        if not delta.startswith(close):
+            self.refuse(f"an assistant turn closes with {close!r} as the last message, but not once a user turn follows")
+        if two.split(reply(1))[0] != one.split(reply(1))[0] or not two.split(reply(1))[1].startswith(delta.split(obs(1))[0]):
+            self.refuse("text before the last assistant turn changes when a turn is added")
+        if two.split(reply(2))[1] != delta.replace(obs(1), obs(2)):
+            self.refuse("the text after an assistant turn depends on the turn's position")
+        self.obs_open, self.obs_close = delta[len(close):].split(obs(1))
         eos = tokenizer.eos_token or ""
         if not eos or not close.startswith(eos):
             raise ValueError(f"the template closes an assistant turn with {close!r}, which does not start with "
@@ -64,8 +91,14 @@ class ChatFormat:
         self.close_after_stop = close[len(eos):]             # what follows the sampled stop token, e.g. "\n"
         self.close = close                                    # what closes a turn cut off by a token cap
 
+    @staticmethod
+    def refuse(reason: str):
+        raise ValueError(f"this chat template cannot be played token-exactly: {reason}; use a template whose "
+                         "text after an assistant turn is the same at every turn (Qwen2.5, Qwen3, Llama 3, ChatML)")
+
     def render(self, messages: list[dict], generation_prompt: bool = True) -> str:
-        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
+                                            **self.options)
 
     def encode(self, text: str, plain: bool = False) -> list[int]:
         # plain=True: special-token strings inside env text stay text (no role injection from observations)

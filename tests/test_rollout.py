@@ -218,7 +218,7 @@ def test_env_that_raises_is_flagged_and_replaced(engine, model_dir):
 def test_chat_format_rejects_templates_that_rewrite_history(model_dir):
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.chat_template = "{{ messages | length }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    with pytest.raises(ValueError, match="append-only"):
+    with pytest.raises(ValueError, match="text before the last assistant turn changes"):
         ChatFormat(tok)
 
 
