@@ -1,7 +1,13 @@
-"""The first GPU run, in two parts that fit a GPU lent for minutes (bench/gpu_run.sh sets the machine up).
+"""The first GPU run, in parts that fit a GPU lent for 15 minutes (bench/gpu_run.sh sets the machine up).
 
-    python bench/gpu_run.py A [--dry-run] [--out runs/gpu]    # tiny model: the CUDA path end to end (<= 3 min)
-    python bench/gpu_run.py B [--dry-run] [--out runs/gpu]    # SmolLM2 on BabyAI at GPU scale (<= 570 s)
+    python bench/gpu_run.py setup [--dry-run] [--out runs/gpu] # the device check, then the generator's benchmark
+    python bench/gpu_run.py A [--dry-run] [--out runs/gpu]     # tiny model: the CUDA path end to end (<= 3 min)
+    python bench/gpu_run.py B [--dry-run] [--out runs/gpu]     # SmolLM2 on BabyAI at GPU scale (<= 450 s)
+
+The set-up part runs bench/gpu_check.py first (CUDA's own checks of infra/decode.py: the sampler's
+arithmetic, graphs on and off, SDPA's kernel, a failed capture), then bench/generate.py --device cuda; the
+check's figures go into the generator's JSON (key "check"), which part B plans from. DEVICE_PLAN says how
+the set-up call and part B fit the 15 minutes of device time, the machine's start included.
 
 Part A, the machinery on one GPU with the tiny model: train.py under torchrun (FSDP2 over NCCL, bf16 mixed
 precision, the transformers engine: the GPU image has no vLLM), a checkpoint written and resumed,
@@ -9,11 +15,12 @@ evaluate.py on the checkpoint, the GPU's peak memory (torch.cuda.max_memory_allo
 runlog.memory_metrics) beside memplan's plan for the same run, tests/support/gpu_run.py (vLLM's GPU call sequence
 around a stand-in), and two ranks on one GPU (--device auto must fall back to the CPU, not crash).
 
-Part B, the BabyAI recipe (recipes.smollm2) at GPU scale in one call of at most 570 s, every phase bounded
+Part B, the BabyAI recipe (recipes.smollm2) at GPU scale in one call of at most 450 s, every phase bounded
 in time, with infra/decode.py's own generator (`--engine torch`; the image has no vLLM):
   0. the plan: each phase's seconds estimated from the generator's benchmark (the set-up call's
-     bench/generate.py --device cuda, /tmp/generate.json) and the first H200 run's fixed costs (`estimate`);
-     GRPO and its control get what the other phases leave, at most --rl-seconds (330);
+     bench/generate.py --device cuda, /tmp/generate.json) and the first H200 run's fixed costs (`estimate`,
+     `needs`); each phase's timeout is its own seconds, start-up and save included, plus a margin
+     (`timeout_for`); GRPO and its control get what the other phases leave (`fit_rl`), at most 330 s;
   1. the warm start, bounded by its episodes (400, one pass);
   2. GRPO from the warm start, 64 tasks x 8 samples a step, validation every 3 steps, beside the imitation
      control: the same warm start imitating for the same seconds (side by side on the one GPU; each phase's
@@ -22,10 +29,10 @@ in time, with infra/decode.py's own generator (`--engine torch`; the image has n
   4. lab/stats.py's paired table and a result folder (python -m lab.report --publish), with the untrained
      model's published evaluation on the same tasks (0.0%; results/babyai-smollm2-seed0) instead of a new one.
 
-`--dry-run` runs both parts on this CPU at toy scale (a few minutes), so the GPU's minutes are never spent
-on a typo. Every phase's command, seconds, return code and log tail go to <out>/summary.json, and
-<out>/summary.md is the one page to read; a phase that fails or times out is recorded, and the rest
-still runs where it can.
+`--dry-run` runs the parts on this CPU at toy scale (a few minutes; the check's CUDA-only parts say
+"skipped"), so the GPU's minutes are never spent on a typo. Every phase's command, seconds, return code
+and log tail go to <out>/summary.json, and <out>/summary.md is the one page to read; a phase that fails
+or times out is recorded, and the rest still runs where it can.
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,12 +50,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# GPU scale: what part B's 570 s are spent on (override with GPU_RUN_<NAME>=value)
+# GPU scale: what part B's seconds are spent on (override with GPU_RUN_<NAME>=value); rl_seconds is a cap,
+# `fit_rl` gives GRPO and its control what the other phases leave; timeout: a phase's where the plan gives none
 GPU = dict(tasks=64, samples=8, rl_seconds=330, bc_episodes=400, bc_seconds=0, eval_tasks=50, eval_every=3,
            micro_tokens=32768, test_tasks=200, k=2, chunk=200, turns=8, max_tokens=40, horizon="6,8@6", timeout=300)
-# toy scale on the CPU: the same commands, seconds instead of minutes
+# toy scale on the CPU: the same commands, seconds instead of minutes; every phase's timeout at least 900 s
+# (the GPU's estimates say nothing of this CPU: the dry run checks the commands, the tests the GPU's timeouts)
 DRY = dict(tasks=2, samples=2, rl_seconds=1, bc_episodes=8, bc_seconds=5, eval_tasks=2, eval_every=1,
            micro_tokens=2048, test_tasks=3, k=2, chunk=3, turns=2, max_tokens=12, horizon="2", timeout=900)
+
+# Device time: a session gets 15 minutes for every call together; a machine's start, the transfers and the
+# minutes a machine idles warm count too (the device notes). The set-up call and part B (part A has passed)
+# fit in it: tests/test_gpu_config.py adds these up.
+DEVICE_S = 900
+CHECK_S, GENERATE_S = 90, 120  # the set-up call's phases' timeouts: bench/gpu_check.py, bench/generate.py
+BUDGET = {"setup": CHECK_S + GENERATE_S + 5, "A": 170, "B": 450}  # each part's wall seconds (GPU_RUN_BUDGET)
+RESERVE = {"setup": 5, "A": 25, "B": 15}  # of which the summary and the copy back keep (Phases.reserve)
+DEVICE_PLAN = {
+    "machine start": 120,                   # "a minute or more"; a failed start costs 1 to 2 minutes
+    "set-up call": 15 + BUDGET["setup"],    # installing the carried wheels (13 MiB), then the part
+    "transfers": 2 * 20,                    # the tree and a carried folder (up to 54 MiB) there, results back
+    "warm between the two calls": 30,       # the machine goes back after about 30 s idle
+    "part B call": 10 + BUDGET["B"],        # the GGUF put together and checked, then the part
+    "give_back at once": 10,
+}
+
+# a process's start-up with SmolLM2 on the H200 (first run: imports, the model, the engine), and the save that
+# ends a training phase (weights, and RL's checkpoint with AdamW's state: assumed, not yet measured)
+STARTUP_S, SAVE_S = 20, 15
 
 
 def scale(dry: bool) -> dict:
@@ -65,6 +95,7 @@ class Phases:
         # budget: the part's whole wall time; each phase gets what is left less `reserve` (for the report and the
         # copy back), so a slow phase is cut short and recorded instead of the machine's call being killed
         self.out, self.timeout, self.rows = out, timeout, []
+        self.lock = threading.Lock()  # `parallel` runs phases in threads; each replaces the rows list
         self.deadline = time.monotonic() + budget if budget else None
         self.reserve = reserve
         self.path = out / "summary.json"
@@ -86,7 +117,8 @@ class Phases:
         row = {"phase": name, "cmd": " ".join(cmd), "seconds": round(time.perf_counter() - t, 1), "code": code,
                "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1) if usage else None,
                "tail": log.read_text(errors="replace").splitlines()[-12:]}
-        self.rows = [r for r in self.rows if r["phase"] != name] + [row]
+        with self.lock:  # read, filter and assign as one: two threads interleaved would lose a row
+            self.rows = [r for r in self.rows if r["phase"] != name] + [row]
         print(f"[{name}] {'ok' if code == 0 else 'FAILED (' + str(code) + ')'} in {row['seconds']:.0f}s: {log}",
               flush=True)
         return row
@@ -96,9 +128,15 @@ class Phases:
         with ThreadPoolExecutor(len(jobs)) as pool:
             return list(pool.map(lambda job: self.run(*job), jobs))
 
+    def left(self) -> float | None:
+        """Seconds a phase started now could have (the deadline less the reserve); None without a budget."""
+        return None if self.deadline is None else self.deadline - time.monotonic() - self.reserve
+
     def save(self, extra: dict) -> None:
         old = json.loads(self.path.read_text()) if self.path.exists() else {}
-        self.path.write_text(json.dumps({**old, **extra, "phases": self.rows}, indent=2) + "\n")
+        with self.lock:
+            rows = list(self.rows)
+        self.path.write_text(json.dumps({**old, **extra, "phases": rows}, indent=2) + "\n")
 
 
 def wait(proc: subprocess.Popen, timeout: float):
@@ -138,6 +176,29 @@ def planned_gb(run: Path, device: str) -> float | None:
                            if k in {f.name for f in config.fields(config.Config)}})
     dtype = config.compute_dtype(cfg.dtype, device, cfg.model)
     return memplan.peak(memplan.rank_plan(cfg, 1, device, dtype)) / memplan.GB
+
+
+def bench_path(out: Path, dry: bool) -> Path:
+    """The generator's JSON: the set-up call's /tmp/generate.json on the GPU (it outlives the call while the
+    machine stays warm), <out>/generate.json in a dry run."""
+    return out / "generate.json" if dry else Path(os.environ.get("GPU_RUN_BENCH", "/tmp/generate.json"))
+
+
+def part_setup(out: Path, dry: bool, phases: Phases) -> dict:
+    """bench/gpu_check.py before anything else, then the generator's benchmark; the check's figures go into
+    the generator's JSON (key "check"), the one file part B reads and the set-up call returns."""
+    device, bench = ("cpu" if dry else "cuda"), bench_path(out, dry)
+    check = out / "gpu_check.json"
+    floor = DRY["timeout"] if dry else 0  # the CPU is no guide to the GPU's seconds
+    phases.run("s1-check", [sys.executable, "bench/gpu_check.py", "--device", device, "--out", check],
+               timeout=max(CHECK_S, floor))
+    toy = ["--engine", "torch", "--batches", 2, 4, "--prompt", 96, "--new", 8, "--hf-new", 0] if dry else []
+    phases.run("s2-generate", [sys.executable, "bench/generate.py", "--device", device, *toy, "--out", bench],
+               timeout=max(GENERATE_S, floor))
+    figures = json.loads(check.read_text()) if check.exists() else None
+    if bench.exists() and figures:
+        bench.write_text(json.dumps({**json.loads(bench.read_text()), "check": figures}, indent=1) + "\n")
+    return {"setup": {"check": figures, "generate": str(bench) if bench.exists() else None}}
 
 
 def part_a(out: Path, dry: bool, phases: Phases) -> dict:
@@ -181,11 +242,11 @@ UNTRAINED = ROOT / "results/babyai-smollm2-seed0/evals/untrained"  # 0.0% on the
 
 
 def estimate(s: dict, bench: dict | None) -> dict:
-    """Part B's phases in seconds before any is run, from the generator's benchmark on this GPU (the set-up
+    """Part B's work in seconds before any is run, from the generator's benchmark on this GPU (the set-up
     call's bench/generate.py --device cuda) and fixed costs measured on the first H200 run (docs/gpu.md):
-    a process start-up with SmolLM2 (20 s), the GGUF's conversion (36 s), the expert's play (58 ms an
-    episode), the env's share of a 512-episode step (1.7 s). Without the benchmark it assumes 5 ms a
-    decode step at batch 512 (1.7x the bound of 3 ms) and 200k prefill tokens/s, and says so."""
+    the GGUF's conversion (36 s), the expert's play (58 ms an episode), the env's share of a 512-episode step
+    (1.7 s). Without the benchmark it assumes 5 ms a decode step at batch 512 (1.7x the bound of 3 ms) and
+    200k prefill tokens/s, and says so. Assumed too: 0.5 s an imitation step (8 episodes)."""
     decode_ms, prefill = 5.0, 200_000.0
     if bench:
         row = bench["batches"].get("512") or bench["batches"][max(bench["batches"], key=int)]
@@ -195,12 +256,61 @@ def estimate(s: dict, bench: dict | None) -> dict:
     # a turn: its new tokens prefilled (the observation, ~120 tokens a row) and max_tokens decode steps
     gen = turns * (s["max_tokens"] * decode_ms / 1000 + episodes * 120 / prefill)
     update = 3 * episodes * 700 / 400_000  # old and reference logprobs, then forward + backward: ~400k tokens/s
-    step = gen + 1.7 * episodes / 512 + update
-    evals = 20 + 2 * s["test_tasks"] * turns * 0.004 + turns * s["max_tokens"] * decode_ms / 1000
-    validation = (turns * s["max_tokens"] * decode_ms / 1000 + 2) / s["eval_every"]  # per step, amortised
+    bc_steps = -(-int(0.6 * s["bc_episodes"]) // 8)  # one pass over the successful demonstrations (57% on the H200)
     return {"assumed": not bench, "decode_ms_512": decode_ms, "prefill_tokens_s": prefill,
-            "grpo_step_s": round(step + validation, 1), "convert_s": 36, "warmstart_s": round(20 + 0.058 * s["bc_episodes"] + 10),
-            "rl_s": s["rl_seconds"] + 20, "evals_s": round(evals), "report_s": 15}
+            "grpo_step_s": round(gen + 1.7 * episodes / 512 + update, 1),
+            "validation_s": round(turns * s["max_tokens"] * decode_ms / 1000 + 2, 1),  # eval_tasks episodes
+            "convert_s": 36, "expert_s": round(0.058 * s["bc_episodes"], 1), "imitate_s": 0.5 * bc_steps,
+            "bc_step_s": 0.5, "evals_s": round(STARTUP_S + 2 * s["test_tasks"] * turns * 0.004
+                                               + turns * s["max_tokens"] * decode_ms / 1000, 1),
+            "report_s": 2}
+
+
+def needs(s: dict, est: dict) -> dict:
+    """Each part-B phase's seconds, by name: its own work, a process's start-up and the save that ends it.
+    train.py stops after the step during which --rl-seconds ran out, and its validations (before the first
+    step, every eval_every steps and after the last) are outside that count; --bc-seconds likewise ends after
+    an optimizer step. The three evaluations and the three report phases each need the same."""
+    rl = s["rl_seconds"]
+    steps = rl / est["grpo_step_s"] + 1
+    return {"b0-convert": est["convert_s"],
+            "b1-warmstart": STARTUP_S + est["expert_s"] + est["imitate_s"] + SAVE_S,
+            "b2-grpo": STARTUP_S + rl + est["grpo_step_s"] + (steps / s["eval_every"] + 2) * est["validation_s"]
+            + SAVE_S,
+            "b2-imitation": STARTUP_S + rl + est["bc_step_s"] + SAVE_S,
+            "b3-eval": est["evals_s"], "b4-report": est["report_s"]}
+
+
+def timeout_for(need: float) -> int:
+    """A phase's timeout: its estimated seconds and a margin for the estimate (a fifth more, and 10 s)."""
+    return int(need * 1.2 + 10)
+
+
+def fit_rl(s: dict, est: dict, left: float) -> int:
+    """The most --rl-seconds, at most s["rl_seconds"] and at least 30, for which GRPO's and its control's
+    timeouts, then the evaluations' and the three report phases', fit in `left` seconds."""
+    rl = s["rl_seconds"]
+    while rl > 30:
+        n = needs({**s, "rl_seconds": rl}, est)
+        after = timeout_for(n["b3-eval"]) + 3 * timeout_for(n["b4-report"])
+        if timeout_for(max(n["b2-grpo"], n["b2-imitation"])) + after <= left:
+            break
+        rl -= 5
+    return rl
+
+
+def plan_b(s: dict, est: dict, budget: float, reserve: float) -> dict:
+    """Part B's plan before it runs: the conversion and the warm start taking their whole timeouts, RL fitted
+    into what they leave (at run time it is fitted again into what they really left); each phase's need and
+    timeout, and the sum of the timeouts of its stages (phases side by side count once)."""
+    first = needs(s, est)
+    used = timeout_for(first["b0-convert"]) + timeout_for(first["b1-warmstart"])
+    s = {**s, "rl_seconds": fit_rl(s, est, budget - reserve - used)}
+    n = needs(s, est)
+    phases = {name: {"need": round(v), "timeout": timeout_for(v)} for name, v in n.items()}
+    stages = ("b0-convert", "b1-warmstart", "b2-grpo", "b3-eval", "b4-report", "b4-report", "b4-report")
+    return {"rl_seconds": s["rl_seconds"], "phases": phases,
+            "grpo_steps_expected": int(s["rl_seconds"] // est["grpo_step_s"]), "timeouts_s": sum(phases[name]["timeout"] for name in stages), "budget_s": budget, "reserve_s": reserve}
 
 
 def part_b(out: Path, dry: bool, phases: Phases, s: dict, bench: dict | None = None) -> dict:
@@ -208,33 +318,39 @@ def part_b(out: Path, dry: bool, phases: Phases, s: dict, bench: dict | None = N
     rl, control = out / "b-rl", out / "b-imitation"
     evals = {"warm-start": out / "b-eval-warmstart", "warm start + imitation": out / "b-eval-imitation",
              "warm start + GRPO": out / "b-eval-rl"}
-    plan = estimate(s, bench)
-    fixed = plan["convert_s"] + plan["warmstart_s"] + plan["evals_s"] + plan["report_s"] + 20
-    if phases.deadline is not None:  # RL and its control get what the other phases leave
-        left = phases.deadline - time.monotonic() - phases.reserve - fixed
-        s = {**s, "rl_seconds": int(max(30, min(s["rl_seconds"], left)))}
-        plan["rl_s"] = s["rl_seconds"] + 20
-    plan["grpo_steps_expected"] = int(s["rl_seconds"] // plan["grpo_step_s"])
-    plan["total_s"] = fixed + plan["rl_s"]
+    est = estimate(s, bench)
+    plan = {"estimate": est, **plan_b(s, est, phases.left() + phases.reserve if phases.deadline else BUDGET["B"],
+                                      phases.reserve)}
     print(f"part B's plan: {json.dumps(plan)}", flush=True)
+
+    def timeout(name: str) -> int:  # the phase's own; on the CPU at least the dry run's (the GPU's say nothing here)
+        return max(timeout_for(needs(s, est)[name]), s["timeout"] if dry else 0)
 
     def evaluate(label: str, model) -> tuple:
         return (f"b-eval-{label.split()[-1].lower()}", launch(
             "evaluate.py", "--env", "babyai", "--env-options", '{"brief": true}', "--model", model, "--device", device,
             "--engine", "torch", "--split", "test", "--limit", s["test_tasks"], "--k", s["k"], "--chunk", s["chunk"],
-            "--turns", s["turns"], "--max-tokens", s["max_tokens"], "--max-context", 2048, "--out", evals[label]))
+            "--turns", s["turns"], "--max-tokens", s["max_tokens"], "--max-context", 2048, "--out", evals[label]),
+                None, timeout("b3-eval"))
 
     recipe = ["--preset", "smollm2", "--device", device, "--engine", "torch", "--micro-tokens", s["micro_tokens"],
               "--horizon", s["horizon"], "--max-tokens", s["max_tokens"]]
     # 0. the GGUF's conversion, once, before the phases that share it start side by side
-    phases.run("b0-convert", [sys.executable, "-c", "from models import resolve_model; print(resolve_model('smollm2'))"])
+    phases.run("b0-convert", [sys.executable, "-c",
+                              "from models import resolve_model; print(resolve_model('smollm2'))"],
+               timeout=timeout("b0-convert"))
     # 1. the warm start (imitation only: --steps 0), bounded by its episodes (one pass), not by seconds: on the
     #    H200's machine the expert alone took 37 s for 640 episodes, so --bc-seconds 30 left it no optimizer step.
     #    The untrained model is not evaluated again: its 0.0% on these tasks is measured (UNTRAINED)
     phases.run("b1-warmstart", launch("train.py", *recipe, "--steps", 0, "--bc-episodes", s["bc_episodes"],
                                       *(["--bc-seconds", s["bc_seconds"]] if s["bc_seconds"] else []),
-                                      "--eval-every", 0, "--out", rl))
+                                      "--eval-every", 0, "--out", rl), timeout=timeout("b1-warmstart"))
     warm = rl / "warmstart"
+    if phases.deadline is not None:  # fitted again, into what the conversion and the warm start really left
+        s = {**s, "rl_seconds": fit_rl(s, est, phases.left())}
+        plan["rl_seconds_run"] = s["rl_seconds"]
+        print(f"GRPO and its control: --rl-seconds {s['rl_seconds']} (timeouts {timeout('b2-grpo')} and "
+              f"{timeout('b2-imitation')} s; {phases.left():.0f} s left)", flush=True)
     # 2. GRPO for --rl-seconds, beside the imitation control for the same seconds (several passes over its
     #    demonstrations: on a GPU imitation consumes them faster than the expert can play new ones). Side by
     #    side on the one GPU: each phase's wall and CPU seconds are recorded (summary.json)
@@ -242,20 +358,22 @@ def part_b(out: Path, dry: bool, phases: Phases, s: dict, bench: dict | None = N
         ("b2-grpo", launch("train.py", *recipe, "--resume", "--steps", 1000, "--rl-seconds", s["rl_seconds"],
                            "--tasks-per-step", s["tasks"], "--samples-per-task", s["samples"],
                            "--eval-every", s["eval_every"], "--eval-tasks", s["eval_tasks"], "--save-every", 1000,
-                           "--out", rl)),
+                           "--out", rl), None, timeout("b2-grpo")),
         ("b2-imitation", launch("train.py", *recipe, "--model", warm, "--seed", 1000, "--steps", 0,
                                 "--bc-episodes", s["bc_episodes"], "--bc-epochs", 50, "--bc-seconds", s["rl_seconds"],
-                                "--eval-every", 0, "--out", control))])
+                                "--eval-every", 0, "--out", control), None, timeout("b2-imitation"))])
     # 3. the three models on the same test episodes, the same decoding
     phases.parallel([evaluate("warm-start", warm), evaluate("warm start + imitation", control / "warmstart"),
                      evaluate("warm start + GRPO", rl)])
     # 4. the paired table and the result folder; the untrained model's published evaluation unpacked beside them
     phases.reserve = 5
-    phases.run("b4-untrained", [sys.executable, "-m", "lab.report", "--unpack", UNTRAINED, out / "b-eval-untrained"])
+    phases.run("b4-untrained", [sys.executable, "-m", "lab.report", "--unpack", UNTRAINED, out / "b-eval-untrained"],
+               timeout=timeout("b4-report"))
     pairs = [f"untrained={out / 'b-eval-untrained'}"] + [f"{label}={folder}" for label, folder in evals.items()]
-    table = phases.run("b4-report", [sys.executable, "-m", "lab.report", *pairs])
+    table = phases.run("b4-report", [sys.executable, "-m", "lab.report", *pairs], timeout=timeout("b4-report"))
     name = "results-dry-run" if dry else "babyai-smollm2-gpu"
-    phases.run("b4-publish", [sys.executable, "-m", "lab.report", "--publish", rl, out / name, *pairs])
+    phases.run("b4-publish", [sys.executable, "-m", "lab.report", "--publish", rl, out / name, *pairs],
+               timeout=timeout("b4-report"))
     rows = metrics(rl)
     return {"b": {"device": device, "scale": s, "plan": plan, "steps": len(rows),
                   "episodes": len(rows) * s["tasks"] * s["samples"],
@@ -273,7 +391,7 @@ def write_page(out: Path, summary: dict) -> None:
     for row in summary["phases"]:
         lines.append(f"- {row['phase']}: {'ok' if row['code'] == 0 else 'FAILED ' + str(row['code'])}, "
                      f"{row['seconds']:.0f} s")
-    for part in ("a", "b"):
+    for part in ("setup", "a", "b"):
         if part in summary:
             lines += ["", f"## part {part.upper()}", "", "```", json.dumps(summary[part], indent=1)[:6000], "```"]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
@@ -295,7 +413,7 @@ def device_name(dry: bool) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("A", "B", "all"))
+    p.add_argument("part", choices=("setup", "A", "B", "all"), help="all: setup, then A, then B")
     p.add_argument("--dry-run", action="store_true", help="this CPU at toy scale: the same commands, a few minutes")
     p.add_argument("--out", default="runs/gpu", help="the one folder everything worth keeping goes to")
     args = p.parse_args(argv)
@@ -314,15 +432,18 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     s = scale(args.dry_run)
-    budget = None if args.dry_run else float(os.environ.get("GPU_RUN_BUDGET", {"A": 170, "B": 570}.get(args.part, 0)) or 0)
-    phases = Phases(out, s["timeout"], budget or None)
+    budget = None if args.dry_run else float(os.environ.get("GPU_RUN_BUDGET", BUDGET.get(args.part, 0)) or 0)
+    phases = Phases(out, s["timeout"], budget or None, RESERVE.get(args.part, 25))
     summary = {"device_name": device_name(args.dry_run), "dry_run": args.dry_run}
     try:
+        if args.part in ("setup", "all"):
+            summary.update(part_setup(out, args.dry_run, phases))
+            phases.save(summary)
         if args.part in ("A", "all"):
             summary.update(part_a(out, args.dry_run, phases))
             phases.save(summary)
         if args.part in ("B", "all"):
-            bench = Path(os.environ.get("GPU_RUN_BENCH", "/tmp/generate.json"))
+            bench = bench_path(out, args.dry_run)
             summary.update(part_b(out, args.dry_run, phases, s, json.loads(bench.read_text()) if bench.exists() else None))
     finally:
         phases.save(summary)

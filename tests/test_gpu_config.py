@@ -1,10 +1,14 @@
 """The GPU path's set-up, checked on the CPU: the device each rank takes, the dtype of the tiny model, the
-environment vLLM starts in, vLLM's share of the GPU, and the memory plan's GPU rows (memplan.py).
+environment vLLM starts in, vLLM's share of the GPU, the memory plan's GPU rows (memplan.py), and the lent
+GPU's plan (bench/gpu_run.py): every phase's timeout above what it needs, the calls inside the device time.
 
 No GPU is needed: a node's GPU count is an argument of the pure functions, and where a function reads
 torch.cuda itself the count is set with monkeypatch (the one thing this machine cannot have).
 """
+import importlib.util
 import os
+import sys
+import threading
 
 import pytest
 import torch
@@ -105,3 +109,63 @@ def test_the_full_copy_rank_0_loads_is_host_memory_on_a_gpu():
     s = memplan.shape(memplan.model_config("qwen2.5-7b"))
     big = memplan.plan(s, 8, "bfloat16", True, 4096, True, "vllm", "cuda", gpu_util=0.1)
     assert sum(big["load"].values()) < 4 * big["params"] / 7
+
+
+def gpu_run():
+    """bench/gpu_run.py loaded by path (bench/ on sys.path would shadow envs/ in later subprocesses)."""
+    spec = importlib.util.spec_from_file_location("gpu_run", os.path.join(os.path.dirname(__file__), "..", "bench",
+                                                                          "gpu_run.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SLOW = {"batches": {"512": {"decode_ms_per_step": 20.0, "prefill_tokens_per_s": 50_000.0}}}  # 4x the assumed figures
+
+
+@pytest.mark.parametrize("bench", [None, SLOW])
+def test_every_gpu_scale_phase_has_time_to_save_and_part_b_fits_its_budget(bench):
+    """GPU scale once set --rl-seconds 330 under a 300-s timeout: GRPO and its control were killed before they
+    saved (train.py saves after the step in which the seconds ran out, and start-up comes first)."""
+    g = gpu_run()
+    s = g.scale(dry=False)
+    est = g.estimate(s, bench)
+    plan = g.plan_b(s, est, g.BUDGET["B"], g.RESERVE["B"])
+    assert 30 <= plan["rl_seconds"] <= s["rl_seconds"]
+    for name, phase in plan["phases"].items():
+        assert phase["timeout"] > phase["need"] > 0, name
+    grpo = g.needs({**s, "rl_seconds": plan["rl_seconds"]}, est)["b2-grpo"]
+    # one step past the seconds, after the start-up, then the save
+    assert grpo >= plan["rl_seconds"] + est["grpo_step_s"] + g.STARTUP_S + g.SAVE_S
+    # the stages one after another (side-by-side phases once), worst case: each phase runs to its timeout
+    assert plan["timeouts_s"] + g.RESERVE["B"] <= g.BUDGET["B"]
+    # at run time RL is fitted again into what is really left: its timeouts and the later phases' fit there
+    for left in (200, 300, 400):
+        rl = g.fit_rl(s, est, left)
+        n = g.needs({**s, "rl_seconds": rl}, est)
+        after = g.timeout_for(n["b3-eval"]) + 3 * g.timeout_for(n["b4-report"])
+        assert rl == 30 or g.timeout_for(max(n["b2-grpo"], n["b2-imitation"])) + after <= left
+
+
+def test_the_set_up_call_and_part_b_fit_the_device_time_with_the_machines_start():
+    g = gpu_run()
+    plan = g.DEVICE_PLAN
+    assert sum(plan.values()) <= g.DEVICE_S == 15 * 60
+    assert plan["machine start"] >= 60  # "a minute or more"
+    assert plan["set-up call"] >= g.BUDGET["setup"] >= g.CHECK_S + g.GENERATE_S
+    assert plan["part B call"] >= g.BUDGET["B"]
+    assert max(g.BUDGET["setup"], g.BUDGET["B"]) + 30 <= 600  # one command's limit on the lent machine
+
+
+def test_phases_side_by_side_record_their_rows_under_the_lock(tmp_path):
+    g = gpu_run()
+    phases = g.Phases(tmp_path, timeout=60)
+    rows = phases.parallel([(f"p{i}", [sys.executable, "-c", "pass"]) for i in range(6)])
+    assert sorted(r["phase"] for r in phases.rows) == [f"p{i}" for i in range(6)] and all(r["code"] == 0 for r in rows)
+    with phases.lock:  # a phase that has finished waits for the lock before it touches the rows
+        worker = threading.Thread(target=phases.run, args=("late", [sys.executable, "-c", "pass"]))
+        worker.start()
+        worker.join(10)
+        assert worker.is_alive() and "late" not in {r["phase"] for r in phases.rows}
+    worker.join(60)
+    assert "late" in {r["phase"] for r in phases.rows}
