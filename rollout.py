@@ -209,6 +209,12 @@ class Expert:
         return out
 
 
+def info(env) -> dict:
+    """The env's own report on its last reset or step for the transcript (`env.info`, e.g. an OpenEnv
+    observation's metadata), as {"info": ...}; nothing when the env has none."""
+    return {"info": env.info} if getattr(env, "info", None) else {}
+
+
 def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object], tasks: list[tuple[int, int]],
             play: Play, pool: ThreadPoolExecutor | None = None, first: int = 0):
     """Play one episode per (task_id, group) in `tasks`, the i-th on `envs[i]`, `play` deciding the budget,
@@ -238,7 +244,7 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
         else:
             ep.ids = chat.prompt(instruction, obs, acknowledgement)
             ep.prompt_len = len(ep.ids)
-            ep.messages.append({"role": "user", "content": obs})
+            ep.messages.append({"role": "user", "content": obs} | info(envs[i]))
             if play.states:
                 ep.states.append(state_key(obs))
             if ep.prompt_len >= play.max_context:
@@ -283,6 +289,7 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
                 envs[i] = replace_env(env, make_env, hung=err.startswith("TimeoutError"))
                 continue
             obs, ep.reward, done = result
+            ep.messages[-1].update(info(env))  # what the env reported about this reply's step
             ep.best = max(ep.best, ep.reward)
             ep.success = bool(getattr(env, "success", False))
             ep.refused += bool(getattr(env, "refused", False))

@@ -1,6 +1,7 @@
 """The environment contract: a small Protocol over plain strings, and `make(name)`.
 
-Every environment family lives in one file of this package and runs in-process (no env servers).
+Every environment family lives in one file of this package and runs in-process. OpenEnv environments
+(in-process or behind a server) come in through envs/openenv_in.py, and envs/openenv_serve.py serves ours.
 An environment instance plays one episode at a time; the rollout keeps a pool of instances and
 reuses them across episodes (a SciWorld instance is a JVM, so reuse matters).
 
@@ -72,10 +73,14 @@ REGISTRY = {
 
 
 def env_class(name: str) -> type:
-    """The class of a registered env, or of any importable "package.module:Class" (your own env)."""
+    """The class of a registered env, or of any importable "package.module:Class" (your own env), or an
+    OpenEnv environment: "openenv:module:Class" in-process, "openenv+http://HOST:PORT" a server
+    (envs/openenv_in.py)."""
+    if name.startswith(("openenv:", "openenv+")):
+        return importlib.import_module("envs.openenv_in").bind(name)
     if name not in REGISTRY and ":" not in name:
         raise ValueError(f"unknown env {name!r}; choose one of: {', '.join(sorted(REGISTRY))}, "
-                         "or give your own as package.module:Class")
+                         "or give your own as package.module:Class, openenv:module:Class or openenv+http://HOST:PORT")
     module, cls = REGISTRY.get(name, name).split(":")
     return getattr(importlib.import_module(module), cls)
 

@@ -1,0 +1,212 @@
+"""OpenEnv environments played through this project's Env protocol (envs/__init__.py).
+
+OpenEnv (PyPI `openenv-core`) is the environment protocol TRL, SkyRL, Unsloth and verifiers speak: an
+`Environment` class with `reset(seed=..., episode_id=...) -> Observation`, `step(Action) -> Observation`
+and a `state` property, Action and Observation being pydantic models; `create_app` serves one over HTTP
+and a WebSocket session per client. Two ways in, both for train.py and evaluate.py:
+
+    --env openenv:<module>:<Class>      an `Environment` subclass, imported and played in-process
+    --env openenv+http://HOST:PORT      a running OpenEnv server, through OpenEnv's own client (one
+                                        WebSocket session per env instance, kept across episodes)
+
+How a reply becomes the env's Action (the rule the instruction states to the model):
+  - text mode, when the Action model has exactly one required string field (or `--env-options
+    '{"text_field": "<name>"}'` names one): the reply's action goes into that field: the text after
+    its `Action:` line when it has one (more than one is refused, as for our envs), else the whole reply;
+  - JSON mode, for any other Action: the reply (or its text after `Action:`, or its last ```json block)
+    must be one JSON object of the Action's fields. One that does not parse, or that the Action model
+    (in-process) or the server refuses as invalid, is not sent: the step answers with an observation
+    saying why and which fields are expected, reward unchanged, not done, and `refused` set.
+
+The observation's text is its one string field when it has exactly one (else every field but done,
+reward and metadata as JSON). Task id = the seed given to `reset`. Reward: OpenEnv rewards are per
+step, while our episodes score the last step's reward (a running score), so an episode's reward here is
+the sum of its step rewards (`{"reward": "last"}`: the env's own value, for envs that already report a
+running score); used as the env gives it, not rescaled. Success: the observation metadata's `success`
+when the env reports one, else done with a positive reward. The metadata of every observation (in-process
+only: OpenEnv's server does not send metadata) is kept in the transcript (`info`, read by rollout.py).
+
+A server that dies or hangs mid-episode raises (or times out) in the call: the rollout flags the episode
+`env_error` and replaces the env, as for our own envs. Connecting happens at `reset`, inside that boundary.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import re
+import typing
+
+from envs import _ACTION
+
+_FENCE = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
+IDS = {"train": range(0, 10_000), "val": range(10_000, 10_200), "test": range(20_000, 20_500)}
+
+
+def bind(target: str) -> type:
+    """The Env class for `openenv:<module>:<Class>` or `openenv+http://...`, checked without starting
+    anything heavy: the class is imported (in-process), the URL is only parsed (a server)."""
+    if target.startswith("openenv+"):
+        url = target[len("openenv+"):]
+        if not re.match(r"^(http|https|ws|wss)://[^/\s]+", url):
+            raise ValueError(f"{target!r} is no server address; write openenv+http://HOST:PORT")
+        return type("OpenEnvServer", (OpenEnv,), {"url": url.replace("ws://", "http://").replace("wss://", "https://")})
+    try:
+        _, module, name = target.split(":")
+    except ValueError:
+        raise ValueError(f"{target!r}: write openenv:<module>:<Class>, e.g. openenv:my_env.server.env:MyEnvironment")
+    from openenv.core.env_server.interfaces import Environment
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        raise ValueError(f"{module}:{name} is not an OpenEnv Environment subclass")
+    return type(f"OpenEnv[{name}]", (OpenEnv,), {"env_class": cls})
+
+
+class OpenEnv:
+    """One OpenEnv environment (in-process or behind a server) behind our Env protocol."""
+    env_class: type | None = None  # set by bind(): the in-process Environment
+    url: str | None = None         # set by bind(): the server
+    success = refused = False
+
+    def __init__(self, text_field: str | None = None, reward: str = "sum", instruction: str | None = None,
+                 timeout: float = 300.0):
+        if reward not in ("sum", "last"):
+            raise ValueError(f"reward {reward!r}: choose sum (the episode's return) or last (the env's own value)")
+        self.reward_mode, self.timeout, self.custom = reward, timeout, instruction
+        self.env = self.client = None
+        self.info: dict = {}
+        self.text_field, self.fields = text_field, None
+        if self.env_class is not None:
+            self.env = self.env_class()
+            self.action_cls = typing.get_type_hints(self.env_class.step).get("action")
+            if not (isinstance(self.action_cls, type) and hasattr(self.action_cls, "model_json_schema")):
+                raise ValueError(f"{self.env_class.__name__}.step has no Action type annotation to build actions from")
+            self._read_schema(self.action_cls.model_json_schema())
+        else:  # a server is asked for its schema at the first reset, inside the rollout's env-call boundary
+            from openenv.core import GenericEnvClient  # a slow import: here, not inside a timed env call
+            self.client_class, self.action_cls = GenericEnvClient, None
+
+    def _read_schema(self, schema: dict) -> None:
+        """The Action's fields, and the text field: the one required string field, or the one named."""
+        self.fields = {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"}
+        required = [k for k in schema.get("required", []) if k in self.fields]
+        texts = [k for k in required if self.fields[k].get("type") == "string"]
+        if self.text_field is not None and self.text_field not in self.fields:
+            raise ValueError(f"text_field {self.text_field!r} is not a field of the Action; it has: {', '.join(self.fields)}")
+        self.text_field = self.text_field or (texts[0] if len(texts) == 1 and len(required) == 1 else None)
+
+    @property
+    def instruction(self) -> str:
+        if self.custom:
+            return self.custom
+        if self.text_field:
+            return ("Act in this environment, one action per reply. Reply as 'Thought:\\n<your reasoning>\\n\\n"
+                    f"Action:\\n<{self.text_field}>'.")
+        return ("Act in this environment, one action per reply. End each reply with one JSON object of the action's "
+                f"fields: {json.dumps(self.fields)}")
+
+    # -- the Env protocol --------------------------------------------------------------------------
+    def reset(self, task_id: int) -> str:
+        self.total, self.success, self.refused = 0.0, False, False
+        if self.env is not None:
+            accepted = inspect.signature(self.env.reset).parameters
+            kwargs = {"seed": task_id} if "seed" in accepted or any(
+                p.kind is p.VAR_KEYWORD for p in accepted.values()) else {}
+            return self._read(self.env.reset(**kwargs))[0]
+        if self.fields is None:
+            import requests
+            self._read_schema(requests.get(f"{self.url}/schema", timeout=min(30.0, self.timeout)).json()["action"])
+        if self.client is None:  # connect here, inside the rollout's env-call boundary
+            self.client = self.client_class(base_url=self.url, connect_timeout_s=min(30.0, self.timeout),
+                                           message_timeout_s=self.timeout).sync()
+            self.client.connect()
+        return self._read(self.client.reset(seed=task_id))[0]
+
+    def step(self, text: str) -> tuple[str, float, bool]:
+        action, error = self.action(text)
+        if error is None and self.env is not None:
+            from pydantic import ValidationError
+            try:
+                action = self.action_cls.model_validate(action)
+            except ValidationError as exc:
+                error = f"Invalid action: {_first_error(exc)}."
+            else:
+                obs, reward, done = self._read(self.env.step(action))
+        elif error is None:
+            try:
+                obs, reward, done = self._read(self.client.step(action))
+            except RuntimeError as exc:  # the server answered; a refused action keeps the session
+                if "VALIDATION_ERROR" not in str(exc):
+                    raise
+                error = "Invalid action: the environment refused its fields."
+        if error is not None:
+            self.refused = True
+            return f"{error} {self.expected()}", self.score(), False
+        self.refused = False
+        return obs, reward, done
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.env is not None:
+            self.env.close()
+
+    def tasks(self, split: str) -> list[int]:
+        """Seeds: OpenEnv environments have no task ids of their own; disjoint ranges per split."""
+        return list(IDS[split])
+
+    def subtask(self, task_id: int) -> str:
+        return "all"
+
+    # -- the mapping ---------------------------------------------------------------------------------
+    def action(self, text: str) -> tuple[dict, str | None]:
+        """The reply as the Action's fields, or ({}, the reason it is refused)."""
+        starts = [m.end() for m in _ACTION.finditer(text)]
+        if len(starts) > 1:
+            return {}, f"Invalid reply: found {len(starts)} 'Action:' lines. Give exactly one action per reply."
+        body = text[starts[0]:].strip() if starts else text.strip()
+        if self.text_field:
+            return ({self.text_field: body}, None) if body else ({}, "Invalid reply: the action is empty.")
+        fenced = _FENCE.findall(body)
+        candidate = fenced[-1] if fenced else body[body.find("{"):body.rfind("}") + 1]
+        try:
+            fields = json.loads(candidate)
+        except json.JSONDecodeError as exc:
+            return {}, f"Invalid reply: no JSON object found ({exc.msg})."
+        if not isinstance(fields, dict):
+            return {}, "Invalid reply: the action must be one JSON object."
+        return fields, None
+
+    def expected(self) -> str:
+        if self.text_field:
+            return f"Reply as 'Thought:\\n<your reasoning>\\n\\nAction:\\n<{self.text_field}>'."
+        return f"Reply with one JSON object of the fields {json.dumps(self.fields)}."
+
+    def score(self) -> float:
+        return self.total if self.reward_mode == "sum" else self.last
+
+    def _read(self, result) -> tuple[str, float, bool]:
+        """(text, reward, done) from an in-process Observation or the client's StepResult."""
+        if self.env is not None:
+            fields = result.model_dump(exclude={"done", "reward", "metadata"})
+            reward, done, self.info = result.reward, result.done, _plain(result.metadata)
+        else:
+            fields, reward, done, self.info = dict(result.observation), result.reward, result.done, {}
+        self.last = float(reward or 0.0)
+        self.total += self.last
+        strings = [v for v in fields.values() if isinstance(v, str)]
+        text = strings[0] if len(strings) == 1 and len(fields) == 1 else json.dumps(fields, sort_keys=True, default=str)
+        reported = self.info.get("success")
+        self.success = bool(reported) if isinstance(reported, bool) else bool(done and self.score() > 0)
+        return text, self.score(), bool(done)
+
+
+def _first_error(exc) -> str:
+    err = exc.errors()[0]
+    return f"{'.'.join(map(str, err['loc'])) or 'action'}: {err['msg']}"
+
+
+def _plain(meta: dict) -> dict:
+    """The metadata as JSON values (a transcript is written as JSON)."""
+    return json.loads(json.dumps(meta or {}, default=str))
