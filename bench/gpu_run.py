@@ -246,7 +246,8 @@ def estimate(s: dict, bench: dict | None) -> dict:
     call's bench/generate.py --device cuda) and fixed costs measured on the first H200 run (docs/gpu.md):
     the GGUF's conversion (36 s), the expert's play (58 ms an episode), the env's share of a 512-episode step
     (1.7 s). Without the benchmark it assumes 5 ms a decode step at batch 512 (1.7x the bound of 3 ms) and
-    200k prefill tokens/s, and says so. Assumed too: 0.5 s an imitation step (8 episodes)."""
+    200k prefill tokens/s, and says so. Assumed too: 0.5 s an imitation step (8 episodes), and 6 s a report
+    phase (python -m lab.report: 7 CPU seconds each in the CPU dry run, mostly imports)."""
     decode_ms, prefill = 5.0, 200_000.0
     if bench:
         row = bench["batches"].get("512") or bench["batches"][max(bench["batches"], key=int)]
@@ -263,7 +264,7 @@ def estimate(s: dict, bench: dict | None) -> dict:
             "convert_s": 36, "expert_s": round(0.058 * s["bc_episodes"], 1), "imitate_s": 0.5 * bc_steps,
             "bc_step_s": 0.5, "evals_s": round(STARTUP_S + 2 * s["test_tasks"] * turns * 0.004
                                                + turns * s["max_tokens"] * decode_ms / 1000, 1),
-            "report_s": 2}
+            "report_s": 6}
 
 
 def needs(s: dict, est: dict) -> dict:
