@@ -3,10 +3,17 @@ per-token logprobs (or critic values) computed micro-batch by micro-batch.
 
 Alignment used everywhere: entry t of `mask`, `sampler_logp` and every score belongs to token t and
 is computed from the logits at position t-1 (0 on the prompt and on padding).
+
+The plain path (the default): the model's own forward, then its LM head, a log-softmax and a gather of
+the sampled ids (`token_logprobs`), in slices of tokens where tokens x vocabulary is large. Two fast
+paths give the same values and gradients (tests/test_batch.py, tests/test_prefix.py) and are opt-in,
+turned on by the presets that need them (recipes.py): `--fused-head`, an LM head with its own backward
+(`_Head`), and `--shared-prefix`, a group's common prompt run once (infra/prefix.py).
 """
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from infra import prefix
 from infra.memplan import logit_elements
@@ -130,6 +137,30 @@ def _onehot_minus(p, targets):
     return p.neg_().scatter_add_(1, targets[:, None], torch.ones_like(p[:, :1]))
 
 
+def token_logprobs(hidden, head, targets, temperature: float, entropy_grad: bool = False,
+                   slice_tokens: int | None = None):
+    """The plain path: (N, H) final hidden states through the model's own LM head `head`, then a log-softmax
+    of the tempered logits and a gather of the sampled ids `targets` (N,): (N,) logprobs and (N,) entropies,
+    float32. Where N x V is large the tokens go in slices (logit_elements(device) // V of them), each
+    recomputed in backward (torch.utils.checkpoint), so one slice of logits is alive at a time. The entropy
+    carries a gradient only when `entropy_grad` (an entropy bonus)."""
+    n = slice_tokens or max(1, logit_elements(hidden.device) // head.weight.shape[0])
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+
+    def one(h, t):
+        s = torch.log_softmax(head(h).float() / temperature, dim=-1)                     # (n, V)
+        with torch.set_grad_enabled(grad and entropy_grad):
+            ent = -(s.exp() * s).sum(-1)
+        return s.gather(-1, t[:, None]).squeeze(-1), ent
+
+    parts = [checkpoint(one, hidden[i:i + n], targets[i:i + n], use_reentrant=False) if grad and len(hidden) > n
+             else one(hidden[i:i + n], targets[i:i + n]) for i in range(0, len(hidden), n)]
+    if not parts:
+        empty = hidden.new_empty(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat([lp for lp, _ in parts]), torch.cat([e for _, e in parts])
+
+
 def head_logprobs(hidden, weight, targets, temperature: float, entropy: bool = False, entropy_grad: bool = False,
                   slice_tokens: int | None = None):
     """(N, H) final hidden states, (V, H) LM-head weight, (N,) targets -> (N,) logprobs, (N,) entropy.
@@ -169,10 +200,11 @@ def _final_hidden(model, call):
 
 def forward(model, batch: dict, rows: list[int], temperature: float, value: bool = False, entropy: bool = False,
             entropy_grad: bool = False, width: int | None = None, shared_prefix: bool = False,
-            policy_only: bool = False):
+            policy_only: bool = False, fused_head: bool = False):
     """Per-token logprobs (or critic values) of rows, aligned with ids: out[:, t] scores token t from
     position t-1; and the per-token entropy when `entropy` (else None). Logprobs and entropy are
-    float32 whatever the model's dtype; the logits are never materialised whole (`head_logprobs`).
+    float32 whatever the model's dtype; the logits are never materialised whole (`token_logprobs`, or
+    `head_logprobs` with `fused_head`).
     `width` caps the positions (a padding micro-batch's dummy row needs 2, not a whole episode).
     `shared_prefix`: rows of one group run their common prefix once (infra/prefix.py; exact). `policy_only`:
     only positions where batch["mask"] is set are scored, the rest are 0 (the head is about a fifth of
@@ -206,9 +238,11 @@ def forward(model, batch: dict, rows: list[int], temperature: float, value: bool
         result[rr, tt] = out.flatten(0, 1)[src, 0].float()
         return result, None
     hidden = _final_hidden(model, call)                                                # (b, w, H) or (1, S, H)
-    weight = model.get_output_embeddings().weight                                      # (V, H)
-    lp, ent = head_logprobs(hidden.flatten(0, 1)[src], weight, ids.to(model.device)[rr, tt], temperature,
-                            entropy, entropy_grad)
+    hidden, targets, head = hidden.flatten(0, 1)[src], ids.to(model.device)[rr, tt], model.get_output_embeddings()
+    if fused_head:
+        lp, ent = head_logprobs(hidden, head.weight, targets, temperature, entropy, entropy_grad)
+    else:
+        lp, ent = token_logprobs(hidden, head, targets, temperature, entropy and entropy_grad)
     result = result.index_put((rr, tt), lp)
     return result, (torch.zeros_like(result).index_put((rr, tt), ent) if entropy else None)
 

@@ -147,8 +147,12 @@ class Config:
     dtype: str = doc("compute dtype: auto (bfloat16 on GPUs and on CPUs with AMX/AVX512-BF16, except the tiny "
                      "model), float32 or bfloat16; master weights and optimizer stay float32", "auto")
     checkpointing: bool = doc("activation checkpointing in the policy and critic", False)
-    shared_prefix: bool = doc("update: a group's common prompt runs once per micro-batch, its continuations attend "
-                              "to it (infra/prefix.py; exact, the same gradient)", True)
+    shared_prefix: bool = doc("fast path of the update: a group's common prompt runs once per micro-batch, its "
+                              "continuations attend to it (infra/prefix.py; exact, the same gradient); the smollm2 "
+                              "and paper presets turn it on", False)
+    fused_head: bool = doc("fast path of the update and the warm start: the LM head with its own backward (batch._Head: "
+                           "no logits recomputed; the same values and gradients as the plain log-softmax); the "
+                           "smollm2 and paper presets turn it on", False)
     train_layers: int = doc("train only the top N decoder blocks and the final norm (embeddings, tied head and "
                             "lower blocks frozen; cheaper backward); 0: every parameter", 0)
     lora_rank: int = doc("LoRA through PEFT: train rank-R adapters on the policy's linear layers instead of its "

@@ -5,6 +5,8 @@
                its warm start and GRPO steps sized to about half an hour to an hour on 2 cores
     paper      AgentGym-RL's ScalingInter-7B settings per environment, for a GPU node
 
+The fast paths of the update (`shared_prefix`, `fused_head`: the same gradient, less time or memory) are
+off by default, so a reader's first path is the plain one; the smollm2 and paper presets turn them on.
 `config.preset(name, env)` makes the Config; `--preset NAME` on the command line starts from it and the
 flags given override it. The numbers in each docstring come from measured runs (docs/results.md).
 """
@@ -41,6 +43,7 @@ def smollm2(env: str | None = None) -> dict:
     return dict(env=env, env_options='{"brief": true}' if env == "babyai" else "{}", model="smollm2", algo="grpo",
                   steps=12, tasks_per_step=8, samples_per_task=4, horizon="6,8@6", max_tokens=40, max_context=2048,
                   temperature=1.0, lr=3e-5, kl_coef=0.0, micro_tokens=2048, checkpointing=False, train_layers=15,
+                  shared_prefix=True, fused_head=True,
                   eval_every=6, eval_tasks=40, bc_episodes=demos, bc_epochs=1, bc_lr=1e-4, bc_batch=8,
                   out="runs/{env}-smollm2")
 
@@ -61,6 +64,7 @@ def miniwob_recipe() -> dict:
     return dict(env="miniwob", env_options=json.dumps({"pages": MINIWOB_PAGES, "brief": True}), model="smollm2",
                   algo="grpo", steps=7, tasks_per_step=8, samples_per_task=4, horizon="3,5@4", max_tokens=48,
                   max_context=2048, temperature=1.0, lr=5e-5, kl_coef=0.0, micro_tokens=2048, checkpointing=False,
+                  shared_prefix=True, fused_head=True,
                   train_layers=10, eval_every=7, eval_tasks=40, bc_episodes=120, bc_epochs=1, bc_lr=1e-4, bc_batch=4,
                   out="runs/{env}-smollm2")
 
@@ -100,7 +104,8 @@ def sciworld_recipe() -> dict:
     return dict(env="sciworld", env_options=json.dumps({"task_types": SCIWORLD_TYPES, "java_opts": SCIWORLD_JVM}),
                   model="smollm2", algo="grpo", steps=8, tasks_per_step=8, samples_per_task=4, horizon="10,16@4",
                   max_tokens=48, max_context=2048, temperature=1.0, lr=3e-5, kl_coef=0.0, micro_tokens=2048,
-                  checkpointing=False, train_layers=15, eval_every=8, eval_tasks=32, bc_episodes=112, bc_epochs=1,
+                  checkpointing=False, train_layers=15, shared_prefix=True, fused_head=True, eval_every=8, eval_tasks=32,
+                  bc_episodes=112, bc_epochs=1,
                   bc_lr=1e-4, bc_batch=4, out="runs/{env}-smollm2")
 
 
@@ -123,7 +128,8 @@ def paper(env: str | None = None) -> dict:
     return dict(env=env, model="Qwen/Qwen2.5-7B-Instruct", algo="grpo", steps=300, tasks_per_step=tasks,
                   samples_per_task=samples, horizon=f"{stages}@{length}", max_tokens=tokens, max_context=16384,
                   lr=1e-6, critic_lr=1e-5, warmup_steps=0, kl_coef=0.001, kl_kind="k3", micro_tokens=16384,
-                  mini_batches=4, engine="vllm", device="cuda", checkpointing=True, save_every=50)
+                  mini_batches=4, engine="vllm", device="cuda", checkpointing=True, save_every=50,
+                  shared_prefix=True, fused_head=True)
 
 
 PRESETS = {"cpu": cpu, "smollm2": smollm2, "paper": paper}

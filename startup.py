@@ -80,7 +80,7 @@ def setup(argv) -> Run:
     problem = configs.check(cfg, world_guess) or configs.writable(configs.derive(cfg).out)
     if not problem:  # a rank's planned peak against what it can have (memplan.py): adapt, or stop here
         d = configs.derive(cfg)
-        cfg, memory, problem = memplan.check_run(cfg, world_guess, d.device, d.dtype)
+        cfg, memory, problem = memplan.check_run(cfg, world_guess, d.device, d.dtype, d.algo.critic)
     if problem:  # before any model, engine or simulator starts
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)

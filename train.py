@@ -41,6 +41,7 @@ import algorithms as A
 import gigpo
 from batch import collate, forward, score
 from infra import budget, checkpoint, faults, lifeline, peaks
+from infra.peaks import phase
 from infra.distributed import all_max, all_sum, print0, sync
 from infra.runlog import log_episodes, log_outcomes, memory_metrics, phase_metrics, rollout_metrics, trim_heap
 from stepplan import rank_share, tasks_for_step
@@ -81,8 +82,8 @@ def update(cfg, models: dict, optimizers: dict, s: Scored, schedulers: dict | No
         raise ValueError("old=None (on-policy) needs ppo_epochs == 1 and mini_batches == 1: later updates "
                          "need the logprobs from before the first one (score the batch first)")
     policy, critic = models["policy"], models.get("critic")
-    reduce_sum, reduce_max = reduce or (all_sum, all_max)
-    world = dist.get_world_size() if reduce is None else 1
+    (reduce_sum, reduce_max), world = reduce or (all_sum, all_max), dist.get_world_size() if reduce is None else 1
+    fast = dict(shared_prefix=cfg.shared_prefix, fused_head=cfg.fused_head)  # opt-in fast paths, the same gradient
     mask, kl_coef = s.batch["mask"], 0.0 if s.kl_in_reward else cfg.kl_coef
     silent, defer = passes.silent_rows(cfg, models, s), passes.defers(cfg, models, world, extra_gradient)
     stats, gen = passes.Stats(), torch.Generator().manual_seed(seed)
@@ -97,7 +98,7 @@ def update(cfg, models: dict, optimizers: dict, s: Scored, schedulers: dict | No
             for mb in passes.packed(live, s.batch, cfg, reduce_max):
                 passes.gradient_sync(models, not defer or mb.last)
                 lp, ent = forward(policy, s.batch, mb.rows, cfg.temperature, entropy=True, width=mb.width,
-                                  entropy_grad=cfg.entropy_coef > 0, shared_prefix=cfg.shared_prefix, policy_only=True)
+                                  entropy_grad=cfg.entropy_coef > 0, policy_only=True, **fast)
                 w, dev = lp.shape[1], lp.device
                 take = lambda t: None if t is None else t[mb.rows, :w].to(dev)  # noqa: E731  (b, w)
                 m = take(mask) * mb.real
@@ -108,7 +109,7 @@ def update(cfg, models: dict, optimizers: dict, s: Scored, schedulers: dict | No
                 entropy = A.aggregate(ent, m, cfg.agg, norm)  # detached unless entropy_coef > 0
                 value_loss = lp.new_zeros(())
                 if critic is not None:  # PPO's critic, a model of its own: its term reaches only its weights
-                    v, _ = forward(critic, s.batch, mb.rows, 1.0, value=True, width=w, shared_prefix=cfg.shared_prefix)
+                    v, _ = forward(critic, s.batch, mb.rows, 1.0, value=True, width=w, **fast)
                     value_loss, _ = A.value_loss(v, take(s.values), take(s.returns), m, normalizer=tokens)
                 # the objective: each term a share of the mini-batch's mean over all ranks
                 loss = pg + kl_coef * kl - cfg.entropy_coef * entropy + value_loss
@@ -144,7 +145,7 @@ def global_advantages(cfg, d, batch, values, token_kl) -> tuple[torch.Tensor, to
         states = [None] * world
         dist.all_gather_object(states, batch["states"])
         states = sum(states, [])
-        batch["shared_turns"] = gigpo.shared_turns(groups, states)  # logged with the step's metrics
+        batch["metrics"] = {"shared_turns": gigpo.shared_turns(groups, states)}  # logged with the step's
     opts = A.Options(norm_by_std=cfg.grpo_std, step_weight=cfg.step_weight, states=states,
                      rows=slice(rank * n, (rank + 1) * n), reduce_sum=reduced(dist.ReduceOp.SUM),
                      reduce_max=reduced(dist.ReduceOp.MAX))
@@ -167,82 +168,78 @@ def main(argv=None):
     run = setup(argv)
     first = start_evaluation(run)
     for step in range(run.start, run.cfg.steps):
-        if train_step(run, step, first if step == run.start else {}):
-            break  # --rl-seconds ran out (the step saved)
+        if train_step(run, step, first if step == run.start else {}):  # --rl-seconds ran out (the step saved)
+            print0(f"\n--rl-seconds {run.cfg.rl_seconds:g} ({run.cfg.budget_clock} clock) reached; stopping after "
+                   f"step {step + 1}")
+            break
     if run.log:
         print0(f"done: {run.out / 'metrics.jsonl'}, {run.out / 'reward.png'}")
     lifeline.finish(run.env_pool, run.threads, run.engine, run.log)
 
 
 def train_step(run: Run, step: int, first: dict) -> bool:
-    """One step of AgentGym-RL's loop (section 3; ScalingInter-RL, section 3.3), numbered as in the README.
-    Returns True when --rl-seconds has run out (the step then saved like a last step)."""
+    """One step of AgentGym-RL's loop (section 3; ScalingInter-RL, 3.3), numbered as in the README; True when
+    --rl-seconds has run out (the step then saved like a last step)."""
     cfg, d, t0, timing = run.cfg, run.d, time.perf_counter(), {}
     clock0, cpu0 = budget.now(cfg.budget_clock), time.process_time()  # --rl-seconds' clock (infra/budget.py)
     # (1) the step's tasks and turn budget, then the rollout: this rank's contiguous share of the episodes
     horizon = d.schedule.max_turns(step)
     tasks = run.studies.tasks(step) or tasks_for_step(run.train_ids, step, cfg.tasks_per_step, cfg.seed)
     mine = rank_share(tasks, cfg.samples_per_task, run.rank, run.world)  # every rank a part of every group
-    with peaks.phase("generate"):
+    with phase("generate"):  # its seconds split into generation, env steps and the rest (rollout's own timing)
         run.engine.wake()
-        episodes, rt = rollout(run.engine, run.chat, run.env_pool, run.make_env, mine,
-                               run.play(horizon, seed=(cfg.seed * 7919 + step) * 131), run.threads,
-                               run.rank * run.per_rank)
+        episodes, rt = rollout(run.engine, run.chat, run.env_pool, run.make_env, mine, run.play(
+            horizon, seed=(cfg.seed * 7919 + step) * 131), run.threads, run.rank * run.per_rank)
         run.engine.sleep()
     timing.update({f"time/{k}": v for k, v in rt.items()})
-    if cfg.trim_heap:  # what generation freed back to the system before the update (--trim-heap, infra/peaks.py)
-        timing["time/trim"] = trim_heap()
+    trim(cfg, timing)  # what generation freed, back to the system before the update (--trim-heap)
     batch = collate(episodes, run.tokenizer.pad_token_id or 0, cfg.reward, cfg.success_bonus)
     batch["rewards"] = run.studies.rewards(episodes, batch["rewards"])
-
     # (2) logprobs before the update: the "old" policy, the reference, the critic's values
-    t = time.perf_counter()
-    with peaks.phase("logprobs"):
+    with phase("logprobs", timing):
         old, ref_lp, values = score_batch(run, batch)
-    timing["time/logprobs"] = time.perf_counter() - t
-
     # (3) advantages, with group statistics over the whole step (algorithms.advantages)
     token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * batch["mask"] if run.kl_in_reward else None
     adv, returns = global_advantages(cfg, d, batch, values, token_kl)
     adv = run.studies.advantages(adv)
-    # --rl-seconds: one verdict over all ranks (infra/budget.py), so every rank ends (and saves) at the same step
+    out_of_time, last, saves = step_end(run, step, clock0)
+    extra, stepped = run.studies.observe(run, step, tasks, mine, batch["rewards"], saves)
+    log_episodes(run.out, step, cfg, episodes, batch, adv, run.tokenizer, run.env_pool)  # a few, at eval steps
+    # (4) the update: epochs x mini-batches x micro-batches, every loss over the global token count
+    with phase("update", timing):
+        stats = update(cfg, run.models, run.optimizers, Scored(batch, adv, returns, old, ref_lp, values,
+                       run.kl_in_reward), run.schedulers, cfg.seed * 31 + step, stepped, run.studies.anchor)
+    trim(cfg, timing)  # and what the update freed, before the engine wakes
+    # (5) weight sync into this rank's generator
+    with phase("sync", timing):
+        run.engine.wake()  # even for weights held back (--min-groups): a GPU engine's sleep discarded its copy
+        sync(run.engine, run.models["policy"], getattr(torch, d.dtype))
+    # (6) log, evaluate on the validation split, checkpoint
+    run.spent += budget.now(cfg.budget_clock) - clock0
+    timing.update({"time/step": time.perf_counter() - t0, "time/cpu_step": time.process_time() - cpu0})
+    metrics = {**rollout_metrics(episodes, horizon), **first, **extra, **batch.get("metrics", {})}
+    log_step(run, step, metrics, stats, timing, last)
+    if saves:
+        save(run, step)
+    return out_of_time
+
+
+def trim(cfg, timing: dict) -> None:
+    """--trim-heap: the C heap's freed pages back to the system (runlog.trim_heap), so that resident memory
+    tracks what is in use and the generator wakes beside it; its seconds in timing["time/trim"]."""
+    if cfg.trim_heap:
+        timing["time/trim"] = timing.get("time/trim", 0.0) + trim_heap()
+
+
+def step_end(run: Run, step: int, clock0: float) -> tuple[bool, bool, bool]:
+    """(out of time, last step, saves). Out of time: --rl-seconds spent by the run's training steps, this one's
+    so far included, on --budget-clock; one verdict over all ranks (infra/budget.py), so every rank ends (and
+    saves) at the same step. The last step, and every --save-every steps, save a checkpoint."""
+    cfg = run.cfg
     out_of_time = bool(cfg.rl_seconds) and budget.combined(
         cfg.budget_clock, run.spent + budget.now(cfg.budget_clock) - clock0, all_sum, all_max) >= cfg.rl_seconds
     last = step + 1 == cfg.steps or out_of_time
-    saves = last or bool(cfg.save_every and (step + 1) % cfg.save_every == 0)
-    extra, stepped = run.studies.observe(run, step, tasks, mine, batch["rewards"], saves)
-    log_episodes(run.out, step, cfg, episodes, batch, adv, run.tokenizer, run.env_pool)  # a few, at eval steps
-
-    # (4) the update: epochs x mini-batches x micro-batches, every loss over the global token count
-    t = time.perf_counter()
-    scored = Scored(batch, adv, returns, old, ref_lp, values, run.kl_in_reward)
-    with peaks.phase("update"):
-        stats = update(cfg, run.models, run.optimizers, scored, run.schedulers, seed=cfg.seed * 31 + step,
-                       apply=stepped, extra_gradient=run.studies.anchor)
-    timing["time/update"] = time.perf_counter() - t
-    if cfg.trim_heap:  # and what the update freed, before the engine wakes
-        timing["time/trim"] += trim_heap()
-
-    # (5) weight sync into this rank's generator
-    t = time.perf_counter()
-    with peaks.phase("sync"):
-        run.engine.wake()  # even for weights held back (--min-groups): a GPU engine's sleep discarded its copy
-        sync(run.engine, run.models["policy"], getattr(torch, d.dtype))
-    timing["time/sync"] = time.perf_counter() - t
-
-    # (6) log, evaluate on the validation split, checkpoint
-    timing["time/step"] = time.perf_counter() - t0
-    timing["time/cpu_step"] = time.process_time() - cpu0  # this rank's CPU seconds (logged: ranks' mean)
-    run.spent += budget.now(cfg.budget_clock) - clock0
-    metrics = {**rollout_metrics(episodes, horizon), **first, **extra,
-               **({"shared_turns": batch["shared_turns"]} if "shared_turns" in batch else {})}
-    log_step(run, step, metrics, stats, timing, evaluate=bool(
-        cfg.eval_every and cfg.eval_tasks and ((step + 1) % cfg.eval_every == 0 or last)))
-    if saves:
-        save(run, step)
-    if out_of_time:
-        print0(f"\n--rl-seconds {cfg.rl_seconds:g} ({cfg.budget_clock} clock) reached; stopping after step {step + 1}")
-    return out_of_time
+    return out_of_time, last, last or bool(cfg.save_every and (step + 1) % cfg.save_every == 0)
 
 
 def score_batch(run: Run, batch: dict):
@@ -267,10 +264,11 @@ def score_batch(run: Run, batch: dict):
     return old, ref_lp, values
 
 
-def log_step(run: Run, step: int, metrics: dict, stats: dict, timing: dict, evaluate: bool) -> None:
-    """Step (6): the step's metrics over all ranks (a collective), the validation evaluation when due,
-    rank 0's line in metrics.jsonl."""
+def log_step(run: Run, step: int, metrics: dict, stats: dict, timing: dict, last: bool) -> None:
+    """Step (6): the step's metrics over all ranks (a collective), the validation evaluation when due (every
+    --eval-every steps and at the `last`), rank 0's line in metrics.jsonl."""
     cfg, world = run.cfg, run.world
+    evaluate = bool(cfg.eval_every and cfg.eval_tasks and ((step + 1) % cfg.eval_every == 0 or last))
     # the update's figures are over all ranks already (passes.Stats): loss terms averaged over optimizer
     # steps, per-token figures over the tokens they were computed on
     keys = ("loss", "kl", "entropy", "clip_frac", "value_loss", "grad_norm", "sampler_gap") + (

@@ -62,16 +62,18 @@ def demo_batch(episodes: list[Episode], pad_id: int) -> dict:
 
 
 def nll_backward(model, batch: dict, chunk: list[int], micro_tokens: int, reduce_sum, reduce_max, world: int,
-                 scale: float = 1.0) -> float:
+                 scale: float = 1.0, fused_head: bool = False) -> float:
     """Backward of `scale` x the mean -log p of the expert tokens of rows `chunk` (this rank's) over all
-    ranks' policy tokens, micro-batched; the optimizer is left to the caller. Collective: every rank
-    calls it, with or without rows. Returns the mean NLL per policy token over all ranks."""
+    ranks' policy tokens, micro-batched (`fused_head`: batch.forward's fast head); the optimizer is left to
+    the caller. Collective: every rank calls it, with or without rows. Returns the mean NLL per policy token
+    over all ranks."""
     mask, lengths = batch["mask"], batch["attn"].sum(1)
     (tokens,) = reduce_sum(mask[chunk].sum() if chunk else 0.0)
     micro, total = micro_batches(chunk, lengths, micro_tokens), 0.0
     for mb in pad(micro, reduce_max(len(micro))):
         rows = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
-        lp, _ = forward(model, batch, rows, 1.0, width=None if mb else DUMMY_WIDTH, policy_only=True)
+        lp, _ = forward(model, batch, rows, 1.0, width=None if mb else DUMMY_WIDTH, policy_only=True,
+                        fused_head=fused_head)
         m = mask[rows, :lp.shape[1]].to(lp.device) * bool(mb)
         loss = -(lp * m).sum() / max(tokens, 1)
         (loss * scale * world).backward()  # FSDP2 averages gradients over ranks
@@ -83,7 +85,7 @@ def nll_backward(model, batch: dict, chunk: list[int], micro_tokens: int, reduce
 
 def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes: int, micro_tokens: int,
           seed: int, pad_id: int, reduce_sum, reduce_max, world: int, progress=None, seconds: float = 0.0,
-          clock: str = "wall") -> list[float]:
+          clock: str = "wall", fused_head: bool = False) -> list[float]:
     """Minimise -log p(expert tokens) over `epochs` passes, `batch_episodes` episodes of this rank per
     optimizer step, stopping early once `seconds` (> 0) have passed on `clock` (infra/budget.py: the
     slowest rank's wall seconds, or all ranks' CPU seconds), one verdict for all ranks.
@@ -102,7 +104,8 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
             if seconds and budget.combined(clock, budget.now(clock) - start, reduce_sum, reduce_max) > seconds:
                 return losses
             chunk = order[s * batch_episodes:(s + 1) * batch_episodes]
-            mean_nll = nll_backward(model, batch, chunk, micro_tokens, reduce_sum, reduce_max, world)
+            mean_nll = nll_backward(model, batch, chunk, micro_tokens, reduce_sum, reduce_max, world,
+                                    fused_head=fused_head)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -159,6 +162,7 @@ class Anchor:
         self.episodes, _ = demonstrations(run, cfg.bc_anchor, cfg.seed + 1000, what="imitation anchor")
         self.batch = demo_batch(self.episodes, run.tokenizer.pad_token_id or 0)
         self.coef, self.size, self.micro_tokens, self.world = cfg.bc_coef, cfg.bc_batch, cfg.micro_tokens, run.world
+        self.fused_head = cfg.fused_head
         self.gen = torch.Generator().manual_seed(cfg.seed * 17 + run.rank)
         self.queue: list[int] = []
 
@@ -170,7 +174,7 @@ class Anchor:
                 self.queue = torch.randperm(len(self.episodes), generator=self.gen).tolist()
             chunk.append(self.queue.pop())
         return nll_backward(model, self.batch, chunk, self.micro_tokens, all_sum, all_max, self.world,
-                            scale=self.coef)
+                            scale=self.coef, fused_head=self.fused_head)
 
 
 def run(run, warm_dir) -> None:
@@ -199,7 +203,7 @@ def run(run, warm_dir) -> None:
     with peaks.phase("warmstart.imitate"):
         losses = clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens, cfg.seed,
                        tokenizer.pad_token_id or 0, all_sum, all_max, run.world, progress=progress, seconds=left,
-                       clock=cfg.budget_clock)
+                       clock=cfg.budget_clock, fused_head=cfg.fused_head)
     del optimizer
     with peaks.phase("warmstart.save"):
         if lora.active(policy):  # the imitated adapters become the base, so the KL's reference (adapters off)

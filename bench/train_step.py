@@ -218,6 +218,8 @@ def main() -> None:
     parser.add_argument("--kl-coef", type=float, default=0.001, help="0 drops the reference model")
     parser.add_argument("--micro-tokens", type=int, default=16384, help="token budget of one micro-batch")
     parser.add_argument("--no-plain", action="store_true", help="skip the plain transformers comparison")
+    parser.add_argument("--fused-head", choices=("on", "off"), default="on",
+                        help="the LM head with its own backward (batch._Head), as the smollm2 and paper presets run")
     parser.add_argument("--shared-prefix", choices=("on", "off", "both"), default="on",
                         help="train.update's --shared-prefix; both: every step twice, off and on in alternating "
                              "order, the two updates compared side by side (the rest is reported for on)")
@@ -237,7 +239,7 @@ def main() -> None:
     # train.py's defaults (the CPU preset) except for the flags above
     cfg = configs.Config(algo=args.algo, kl_coef=args.kl_coef, micro_tokens=args.micro_tokens, device="cpu",
                          dtype=args.dtype, checkpointing=args.checkpointing, lora_rank=args.lora_rank,
-                         train_layers=args.train_layers,
+                         train_layers=args.train_layers, fused_head=args.fused_head == "on",
                          tasks_per_step=max(1, args.episodes // args.samples), samples_per_task=args.samples)
     world_guess = int(os.environ.get("WORLD_SIZE", 1))
     if args.episodes % world_guess or args.episodes % args.samples:

@@ -332,8 +332,9 @@ def available(local_world: int, device: str = "cpu") -> tuple[float, str]:
 # ------------------------------------------------------------------ the plan of a run
 
 def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None = None,
-              checkpointing: bool | None = None, deferred: bool | None = None) -> dict:
-    """`plan` for a train.py Config (or anything with its fields) at this world size."""
+              checkpointing: bool | None = None, deferred: bool | None = None, critic: bool = False) -> dict:
+    """`plan` for a train.py Config (or anything with its fields) at this world size; `critic`: the algorithm
+    trains a value model (algorithms.Algo.critic: the caller reads it, this file never names an algorithm)."""
     s = shape(model_config(cfg.model))
     engine = _engine(cfg.engine, device)
     tokens = max(micro_tokens or cfg.micro_tokens, cfg.max_context)  # one long episode fills a micro-batch alone
@@ -343,7 +344,7 @@ def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None
     seqs = max(1, cfg.tasks_per_step * cfg.samples_per_task // world)
     return plan(s, world, dtype, cfg.checkpointing if checkpointing is None else checkpointing, tokens,
                 cfg.kl_coef > 0, engine, device, gpu_gb=gpu_gb, gpu_util=getattr(cfg, "gpu_memory_utilization", 0.5),
-                runtime=runtime, max_context=cfg.max_context, seqs=seqs, critic=getattr(cfg, "algo", "") == "ppo",
+                runtime=runtime, max_context=cfg.max_context, seqs=seqs, critic=critic,
                 grads_resident=getattr(cfg, "min_groups", 0) > 0,
                 deferred=defers(cfg) if deferred is None else deferred,
                 adapters=lora.param_count(s, cfg.lora_rank, cfg.lora_targets) if getattr(cfg, "lora_rank", 0) else 0,
@@ -365,14 +366,14 @@ FLAG_OF_ROW = (("activations", "--micro-tokens (or --checkpointing)"), ("LM-head
                ("whole model", "a smaller --model"), ("", "more ranks or a smaller --model"))
 
 
-def fit(cfg, world: int, local_world: int, device: str, dtype: str, mode: str = "adapt"):
+def fit(cfg, world: int, local_world: int, device: str, dtype: str, mode: str = "adapt", critic: bool = False):
     """(cfg, info): `cfg` unchanged when its plan fits, else with a smaller
     `micro_tokens` (checkpointing on first) when `mode` is adapt and that fits. Raises MemoryPlanError with
     one line naming the flag to change and the figure it needs when nothing fits (or mode is stop). `info`:
     the line to print (note), the planned peak (plan) and the bytes a rank can have (share)."""
     budget, source = available(local_world, device)
     ceiling = HEADROOM * budget
-    p = rank_plan(cfg, world, device, dtype)
+    p = rank_plan(cfg, world, device, dtype, critic=critic)
     need = peak(p)
     where = f"{budget / GB:.1f} GB a rank can have ({source}, {local_world} rank{'s' if local_world > 1 else ''} here)"
     auto = device == "cpu" and getattr(cfg, "grad_reduce", "auto") == "auto" and defers(cfg)
@@ -383,14 +384,14 @@ def fit(cfg, world: int, local_world: int, device: str, dtype: str, mode: str = 
             "note": f"memory plan: {need / GB:.2f} GB per rank at peak, of {where}", "plan": need, "share": budget}
     if auto:  # first give up holding a whole fp32 gradient per rank (a little more time: infra/passes.py)
         cfg = replace(cfg, grad_reduce="micro-batch")
-        trial = peak(rank_plan(cfg, world, device, dtype))
+        trial = peak(rank_plan(cfg, world, device, dtype, critic=critic))
         if trial <= ceiling:
             return cfg, {"note": f"memory plan: {need / GB:.1f} GB per rank would not fit the {where}; reducing "
                                  f"gradients every micro-batch instead (--grad-reduce micro-batch, plan "
                                  f"{trial / GB:.2f} GB)", "plan": trial, "share": budget}
     tokens, ckpt = cfg.micro_tokens, True  # checkpointing first, then halve the budget down to one episode
     while True:
-        trial = rank_plan(cfg, world, device, dtype, micro_tokens=tokens, checkpointing=ckpt)
+        trial = rank_plan(cfg, world, device, dtype, micro_tokens=tokens, checkpointing=ckpt, critic=critic)
         if peak(trial) <= ceiling or tokens <= cfg.max_context:
             break
         tokens = max(cfg.max_context, tokens // 2)
@@ -410,14 +411,14 @@ def fit(cfg, world: int, local_world: int, device: str, dtype: str, mode: str = 
                           f"under {ceiling / GB:.1f} GB, or set AGENTGYM_MEMORY_GB if the reading is wrong")
 
 
-def check_run(cfg, world: int, device: str, dtype: str):
+def check_run(cfg, world: int, device: str, dtype: str, critic: bool = False):
     """train.py's use of `fit` under `cfg.memory_check`: (cfg, info, problem), problem a one-line error.
     The node's rank count comes from torchrun (LOCAL_WORLD_SIZE)."""
     if cfg.memory_check == "off":
         return cfg, {}, None
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     try:
-        new, info = fit(cfg, world, local, device, dtype, cfg.memory_check)
+        new, info = fit(cfg, world, local, device, dtype, cfg.memory_check, critic)
     except MemoryPlanError as exc:
         return cfg, {}, str(exc)
     return new, info, None

@@ -1,7 +1,7 @@
 """Peak resident memory per phase of a run: which phase (loading, the warm start, generation, the update, the
 weight sync, evaluation, a checkpoint) sets a rank's peak, to read beside the memory plan's phases (memplan.py).
 
-    with peaks.phase("update"):
+    with peaks.phase("update", timing):     # timing["time/update"] += its seconds
         ...
     peaks.of_phases()   # {"update": bytes, ...}: the highest resident size seen inside each phase
     peaks.take()        # the same since the last take (a training step's, for metrics.jsonl)
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import time
 
 _OPEN: list[str] = []          # the phases now running, outermost first
 _RSS: dict[str, float] = {}    # phase -> its highest resident bytes so far
@@ -91,12 +92,16 @@ def leave() -> None:
 
 
 @contextlib.contextmanager
-def phase(name: str):
-    """The code inside counted as phase `name`."""
+def phase(name: str, seconds: dict | None = None):
+    """The code inside counted as phase `name`: its peak resident memory, and, given a dict `seconds`, its
+    duration added to seconds["time/" + name] (a training step's timing in metrics.jsonl)."""
     enter(name)
+    start = time.perf_counter()
     try:
         yield
     finally:
+        if seconds is not None:
+            seconds[f"time/{name}"] = seconds.get(f"time/{name}", 0.0) + time.perf_counter() - start
         leave()
 
 

@@ -40,12 +40,14 @@ def peaked():
     return model, {"ids": ids, "attn": attn}
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_sliced_head_equals_naive_values_and_gradients(peaked, temperature, monkeypatch):
+def test_sliced_head_equals_naive_values_and_gradients(peaked, temperature, fused, monkeypatch):
+    """Both heads, the plain one (checkpointed slices) and the fused one (batch._Head, its own backward)."""
     model, batch = peaked
     monkeypatch.setattr(memplan, "LOGIT_ELEMENTS", 7 * model.config.vocab_size)  # 7-token slices: many of them
     weights = torch.rand(3, 39, generator=torch.Generator().manual_seed(1))
-    lp, ent = B.forward(model, batch, [0, 1, 2], temperature, entropy=True, entropy_grad=True)
+    lp, ent = B.forward(model, batch, [0, 1, 2], temperature, entropy=True, entropy_grad=True, fused_head=fused)
     ref_lp, ref_ent = naive(model, batch["ids"], batch["attn"], temperature)
     assert lp.dtype == torch.float32 and torch.equal(lp[:, 0], torch.zeros(3))
     torch.testing.assert_close(lp[:, 1:], ref_lp, rtol=0, atol=1e-4)
@@ -57,12 +59,39 @@ def test_sliced_head_equals_naive_values_and_gradients(peaked, temperature, monk
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * float(w.abs().max()))
 
 
-def test_entropy_is_a_detached_metric_unless_asked(peaked):
+@pytest.mark.parametrize("fused", [False, True])
+def test_entropy_is_a_detached_metric_unless_asked(peaked, fused):
     model, batch = peaked
-    lp, ent = B.forward(model, batch, [0, 2], 1.0, entropy=True)
+    lp, ent = B.forward(model, batch, [0, 2], 1.0, entropy=True, fused_head=fused)
     assert lp.requires_grad and not ent.requires_grad
-    _, ent = B.forward(model, batch, [0, 2], 1.0, entropy=True, entropy_grad=True)
+    _, ent = B.forward(model, batch, [0, 2], 1.0, entropy=True, entropy_grad=True, fused_head=fused)
     assert ent.requires_grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_head_equals_the_plain_one_under_a_frozen_head(peaked, dtype, monkeypatch):
+    """--fused-head against the plain path where it differs most: a frozen (tied) head, as under
+    --train-layers, whose hidden-state gradient the fused head makes in forward. Values and gradients."""
+    model, batch = peaked
+    monkeypatch.setattr(memplan, "LOGIT_ELEMENTS", 5 * model.config.vocab_size)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=dtype)
+    model.load_state_dict({k: v.to(dtype) for k, v in peaked[0].state_dict().items()})
+    model.get_output_embeddings().weight.requires_grad_(False)
+    weights = torch.rand(3, 40, generator=torch.Generator().manual_seed(2))
+    out = {}
+    for fused in (False, True):
+        lp, ent = B.forward(model, {**batch, "mask": (batch["attn"] > 0).float()}, [0, 1, 2], 0.8, entropy=True,
+                            entropy_grad=True, policy_only=True, fused_head=fused)
+        params = [p for p in model.parameters() if p.requires_grad]
+        out[fused] = (lp, ent, torch.autograd.grad((lp * weights).sum() + ent.sum(), params))
+    (plp, pent, pgrad), (flp, fent, fgrad) = out[False], out[True]
+    tol = 1e-5 if dtype == torch.float32 else 0.05
+    torch.testing.assert_close(flp, plp, rtol=0, atol=tol)
+    torch.testing.assert_close(fent, pent, rtol=0, atol=tol)
+    for f, p in zip(fgrad, pgrad):
+        scale = float(p.float().abs().max())
+        torch.testing.assert_close(f.float(), p.float(), rtol=0, atol=(1e-4 if dtype == torch.float32 else 0.06) * scale + 1e-7)
+    assert any(float(p.abs().max()) > 0 for p in pgrad)
 
 
 def test_bf16_model_gives_float32_logprobs_close_to_naive(peaked):
@@ -106,7 +135,7 @@ print(json.dumps({{"peak_mb": (after - before) / 1024}}))
 
 def peak_mb(naive_path: bool) -> float:
     code = PEAK.format(root=str(ROOT), naive=naive_path)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"]
 

@@ -161,3 +161,15 @@ def test_cause_reads_like_a_diagnosis():
     assert "planned peak 5.2 GB" in line and "likely out of memory" in line
     assert "names the signal" in lifeline.cause({**record, "peak": 1 * GB}, None)
     assert "own output" in lifeline.cause({**record, "peak": 1 * GB}, 6)  # SIGABRT: the rank's own crash
+
+
+def test_the_critic_is_planned_from_the_algorithm_record_not_its_name():
+    """memplan never tests an --algo name: the caller says whether a value model trains (algorithms.Algo.critic),
+    as startup does from config.derive(cfg).algo."""
+    from algorithms import ALGOS
+
+    cfg = dataclasses.replace(config.Config(), algo="ppo", device="cpu")
+    named = memplan.rank_plan(cfg, 2, "cpu", "float32")
+    told = memplan.rank_plan(cfg, 2, "cpu", "float32", critic=ALGOS[cfg.algo].critic)
+    assert named == memplan.rank_plan(dataclasses.replace(cfg, algo="grpo"), 2, "cpu", "float32")
+    assert sum(told["train"].values()) > sum(named["train"].values())
