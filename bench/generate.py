@@ -3,6 +3,8 @@
     python bench/generate.py [--batch 16] [--prompt 600] [--new 32] [--threads 1] [--episodes RUN/episodes.jsonl]
     python bench/generate.py --compare      # vLLM eager, then torch.compile'd, side by side
     python bench/generate.py --device cuda  # infra/decode.py's own loop on a GPU (bench/decode_loop.py)
+    python bench/generate.py --engine torch --levers [--vllm compiled]   # its CPU levers one at a time, and vLLM
+                                                                          # (bench/decode_levers.py)
 
 One process plays one rank: `engine.make_engine` (vLLM's CPU build, in-process) for SmolLM2-135M-Instruct in
 the compute dtype `--dtype auto` picks, with the recipe's per-rank batch (`--batch`: 8 tasks x 4 samples over
@@ -76,7 +78,18 @@ def main(argv=None) -> int:
                    help="vLLM's model eager (enforce_eager) or torch.compile'd by inductor (engine.compiles)")
     p.add_argument("--compare", action="store_true",
                    help="run eager, then compiled, each in its own process, and print them side by side")
+    p.add_argument("--levers", action="store_true",
+                   help="--engine torch on the CPU: infra/decode.py's levers side by side (bench/decode_levers.py)")
+    p.add_argument("--vllm", choices=("eager", "compiled"),
+                   help="--levers: vLLM's CPU build in the same process and rounds, eager or compiled")
+    p.add_argument("--rounds", type=int, default=4, help="--levers: rounds over the variants, alternated")
+    p.add_argument("--profile", action="store_true", help="--levers: where a plain and a levered step go")
+    p.add_argument("--profile-variant", help="--levers --profile: the levered variant profiled (default the last)")
     args = p.parse_args(argv)
+    if args.levers:
+        from bench import decode_levers
+        args.prompt, args.new = args.prompt or 620, args.new or 24
+        return decode_levers.main(args)
     if args.device == "cuda" or args.engine == "torch":
         from bench import decode_loop
         args.prompt, args.new = args.prompt or 1000, args.new or 64

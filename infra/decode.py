@@ -31,6 +31,13 @@ KV heads copied 3 -> 9 under a padding mask, and every step's logits kept in fp3
    and replay share one stream, and the caller's stream is current again however the call ends. A
    capture that fails (`capture`) gives that call eager steps and is tried again on the next call, at
    most CAPTURE_TRIES times in a row. SDPA's kernel is chosen, not left to torch (`BACKENDS`).
+7. **On the CPU, weights packed once per weight sync and attention over the kept positions.** oneDNN
+   multiplies a weight packed once into its blocked layout (`PackedLinears`: q/k/v as one product, gate/up
+   as one, then o, down and the LM head) instead of reordering a plain weight on every call; the packed
+   copies are dropped by every sync and sleep and made again on the next call. Eager decode steps attend
+   with two matrix products over the positions any row has written so far (`attend_kept`), not SDPA's
+   flash kernel over the whole width. Both are on by default in float32 on the CPU (bf16: packing where
+   oneDNN multiplies bf16 natively, SDPA kept); docs/performance.md has what each measured.
 
 `sync_weights` copies the new weights in and drops every cached row (their KV came from the old
 weights); `sleep()` frees the cache. Llama-shaped decoders only (Llama, Qwen2, Qwen3, Mistral without
@@ -161,6 +168,104 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     return out.view(b, kv_heads, g, s, dim).permute(0, 3, 1, 2, 4).reshape(b, s, heads * dim)
 
 
+def attend_kept(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float,
+                kept: int) -> torch.Tensor:
+    """`attend` as two matrix products over the first `kept` cached positions only (the rest of the width is
+    not yet written for any row; `bias` covers at least `kept` of them): the grouped query rows of a KV head
+    multiply that head's keys and values in place, as views (no head copied, no row gathered). On the CPU,
+    for decode's few query rows, this beats SDPA's flash kernel, which is made for many
+    (docs/performance.md). Softmax in float32 whatever the model's dtype, as the flash kernel accumulates."""
+    b, s, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    g = heads // kv_heads
+    q = q.view(b, s, kv_heads, g, dim).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, g * s, dim)
+    k, v = k[:, :, :kept], v[:, :, :kept]                                              # views (b, Hkv, kept, D)
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias[..., :kept])   # (b, Hkv, G*s, kept)
+    weights = torch.softmax(scores, -1, dtype=torch.float32).to(v.dtype)
+    out = torch.matmul(weights, v)                                                     # (b, Hkv, G*s, D)
+    return out.view(b, kv_heads, g, s, dim).permute(0, 3, 1, 2, 4).reshape(b, s, heads * dim)
+
+
+class Linears:
+    """A decoder's linear layers as the layer stack calls them: each module's own call (the plain path)."""
+
+    def __init__(self, decoder, head):
+        self.decoder, self.head_module = decoder, head
+
+    def qkv(self, i: int, x: torch.Tensor):
+        a = self.decoder.layers[i].self_attn
+        return a.q_proj(x), a.k_proj(x), a.v_proj(x)
+
+    def o(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder.layers[i].self_attn.o_proj(x)
+
+    def mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder.layers[i].mlp(x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head_module(x)
+
+
+def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs weights here: on a CPU, float32 always, bfloat16 only where oneDNN multiplies it
+    natively (AVX512-BF16, AMX; without them it refuses to pack)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (..., in) through a weight packed by `pack`: oneDNN's matmul reads the packed layout as it is."""
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), weight, bias, "none", [], "")
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def pack(weights: list[torch.Tensor], biases: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Several linear layers of one input as one: their weights stacked (out rows after out rows) and
+    reordered once into oneDNN's blocked layout. oneDNN otherwise copies a plain weight into that layout
+    on every call (DESIGN.md's CPU levers); and one wide product of a few rows runs faster than three
+    narrow ones."""
+    weight = torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights) if len(weights) > 1 else weights[0])
+    if all(b is None for b in biases):
+        return weight, None
+    return weight, torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+
+
+class PackedLinears(Linears):
+    """The same layers through weights packed once (`pack`): q, k and v as one product, gate and up as one,
+    o, down and the LM head each alone. The packed copies are made from the model's weights when built, so a
+    weight sync must build them again (TorchEngine drops them on every sync and sleep)."""
+
+    def __init__(self, decoder, head):
+        super().__init__(decoder, head)
+        self.layers = []
+        for layer in decoder.layers:
+            a, m = layer.self_attn, layer.mlp
+            qkv = [a.q_proj, a.k_proj, a.v_proj]
+            up = [m.gate_proj, m.up_proj]
+            self.layers.append({"qkv": pack([l.weight for l in qkv], [l.bias for l in qkv]),
+                                "split": [l.out_features for l in qkv],
+                                "o": pack([a.o_proj.weight], [a.o_proj.bias]),
+                                "gate_up": pack([l.weight for l in up], [l.bias for l in up]),
+                                "down": pack([m.down_proj.weight], [m.down_proj.bias]), "act": m.act_fn})
+        self.head_packed = pack([head.weight], [head.bias])
+
+    def qkv(self, i, x):
+        p = self.layers[i]
+        return packed_linear(x, *p["qkv"]).split(p["split"], -1)
+
+    def o(self, i, x):
+        return packed_linear(x, *self.layers[i]["o"])
+
+    def mlp(self, i, x):
+        p = self.layers[i]
+        gate, up = packed_linear(x, *p["gate_up"]).chunk(2, -1)
+        return packed_linear(p["act"](gate) * up, *p["down"])
+
+    def head(self, x):
+        return packed_linear(x, *self.head_packed)
+
+
 @dataclass
 class Cache:
     """A call's KV: per layer (rows, Hkv, W, D) keys and values, and the token ids whose KV each row holds."""
@@ -280,7 +385,8 @@ class TorchEngine:
     """engine.py's generator contract over a transformers model, decoded by this file's own loop."""
 
     def __init__(self, model_dir: str, device: str = "cpu", dtype: str = "float32", seed: int = 0,
-                 prefill_tokens: int | None = None, graphs: bool | None = None):
+                 prefill_tokens: int | None = None, graphs: bool | None = None, packed: bool | None = None,
+                 kept_attention: bool | None = None):
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device)
@@ -299,6 +405,13 @@ class TorchEngine:
         self.graphs = cuda if graphs is None else graphs
         self.capture_failures = 0  # in a row; CAPTURE_TRIES of them turn graphs off
         self.backends = BACKENDS[self.device.type]
+        # the CPU's levers (module docstring, 7): packed weights where oneDNN packs them; decode attention as
+        # matrix products over the kept positions where steps run eagerly (a CUDA graph needs fixed shapes), in
+        # float32 (in bf16 its products would round the scores to bf16, where SDPA's kernel keeps them in fp32)
+        self.packed = can_pack(self.device, self.model.dtype) if packed is None else packed
+        self.kept_attention = (not self.graphs and self.model.dtype == torch.float32) if kept_attention is None \
+            else kept_attention
+        self.linears: Linears | None = None  # built on the first call after every weight change (`_linears`)
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         self.gen = torch.Generator().manual_seed(seed)  # seeds of unseeded requests
         self.cache: Cache | None = None
@@ -307,19 +420,22 @@ class TorchEngine:
                       "capture_failures": 0}
 
     # -- one layer stack over (rows, positions) --
-    def _layers(self, h, rows: slice, pos, cache: Cache, cos, sin, width: int):
-        """h (b, s, hidden) at positions pos (b, s) of the cache's rows `rows`; their KV written there."""
+    def _layers(self, h, rows: slice, pos, cache: Cache, cos, sin, width: int, kept: int | None = None):
+        """h (b, s, hidden) at positions pos (b, s) of the cache's rows `rows`; their KV written there. `kept`:
+        attention over the first `kept` positions only (`attend_kept`; every pos below it), else SDPA over all."""
         b, s, _ = h.shape
-        visible = torch.arange(width, device=h.device)[None, None, :] <= pos[:, :, None]       # (b, s, W)
+        visible = torch.arange(kept or width, device=h.device)[None, None, :] <= pos[:, :, None]  # (b, s, W)
         bias = attention_bias(visible, self.heads // self.kv_heads, h.dtype)                   # (b, 1, G*s, W)
         c, n = cos[pos][:, :, None], sin[pos][:, :, None]                                       # (b, s, 1, D)
         where = pos[:, None, :, None].expand(b, self.kv_heads, s, self.head_dim)                # KV slots written
-        for layer, keys, values in zip(self.decoder.layers, cache.keys, cache.values):
+        lin = self.linears
+        for i, (layer, keys, values) in enumerate(zip(self.decoder.layers, cache.keys, cache.values)):
             a = layer.self_attn
             x = layer.input_layernorm(h)
-            q = a.q_proj(x).view(b, s, self.heads, self.head_dim)
-            k = a.k_proj(x).view(b, s, self.kv_heads, self.head_dim)
-            v = a.v_proj(x).view(b, s, self.kv_heads, self.head_dim)
+            q, k, v = lin.qkv(i, x)
+            q = q.reshape(b, s, self.heads, self.head_dim)
+            k = k.reshape(b, s, self.kv_heads, self.head_dim)
+            v = v.reshape(b, s, self.kv_heads, self.head_dim)
             if hasattr(a, "q_norm"):  # Qwen3 normalises q and k per head before RoPE
                 q, k = a.q_norm(q), a.k_norm(k)
             q, k = q * c + _rotate_half(q) * n, k * c + _rotate_half(k) * n
@@ -327,8 +443,10 @@ class TorchEngine:
             # scatter_, not index_put_: a plain kernel, safe inside a CUDA graph (duplicate padding slots are harmless)
             keys.scatter_(2, where, k.transpose(1, 2))                                           # (b, Hkv, s, D)
             values.scatter_(2, where, v.transpose(1, 2))
-            h = h + a.o_proj(attend(q, keys, values, bias, self.scale))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            out = attend(q, keys, values, bias, self.scale) if kept is None else \
+                attend_kept(q, keys, values, bias, self.scale, kept)
+            h = h + lin.o(i, out)
+            h = h + lin.mlp(i, layer.post_attention_layernorm(h))
         return h
 
     def _rope(self, width: int):
@@ -351,6 +469,9 @@ class TorchEngine:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("an empty prompt: every prompt needs at least one token")
+        if self.linears is None:
+            self.linears = PackedLinears(self.decoder, self.model.get_output_embeddings()) if self.packed else \
+                Linears(self.decoder, self.model.get_output_embeddings())
         with self.scope():
             return self._generate(prompts, params)
 
@@ -439,11 +560,13 @@ class TorchEngine:
         done = torch.zeros(R, dtype=torch.bool, device=dev)
         out_ids = torch.zeros(R, steps, dtype=torch.long, device=dev)
         out_lp = torch.zeros(R, steps, dtype=torch.float32, device=dev)
-        width, head = cache.width, self.model.get_output_embeddings()
+        width, head = cache.width, self.linears.head
         column = torch.zeros(R, 1, dtype=torch.long, device=dev)  # the step's output column
+        longest = max(len(p) for p in prompts)  # step t's positions are below longest + t: what attention keeps
 
-        def step():
-            h = self._layers(self.decoder.embed_tokens(tok)[:, None], slice(None), pos[:, None], cache, cos, sin, width)
+        def step(kept=None):
+            h = self._layers(self.decoder.embed_tokens(tok)[:, None], slice(None), pos[:, None], cache, cos, sin, width,
+                             kept)
             logits = head(self.decoder.norm(h[:, 0])).float()                                   # (R, V)
             token, logprob = sample(logits, uniform(seeds, pos + 1), params.temperature, params.top_p)
             live = ~done
@@ -466,7 +589,7 @@ class TorchEngine:
             if graph is not None:
                 graph.replay()
             else:
-                step()
+                step(min(longest + t, width) if self.kept_attention else None)
             t += 1
             if t % CHECK_EVERY == 0 and bool(done.all()):
                 break
@@ -511,9 +634,11 @@ class TorchEngine:
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         copy_weights(self.model, named_tensors)
+        self.linears = None  # packed copies of the old weights: packed again on the next call
         self.reset()
 
     def sleep(self) -> None:
+        self.linears = None  # the packed copies' memory too, while the trainer updates
         self.reset()
 
     def wake(self) -> None:

@@ -400,3 +400,67 @@ def test_a_failed_capture_is_tried_again_on_the_next_call_a_bounded_number_of_ti
     assert tries == outcomes and eng.stats["graph_captures"] == 1
     assert eng.stats["capture_failures"] == 1 + decode.CAPTURE_TRIES
     assert "tried again on the next call" in capsys.readouterr().out
+
+
+def test_attend_over_the_kept_positions_is_per_head_attention():
+    torch.manual_seed(1)
+    b, heads, kv, dim, width, kept = 3, 6, 2, 8, 64, 45
+    q, k, v = torch.randn(b, 1, heads, dim), torch.randn(b, kv, width, dim), torch.randn(b, kv, width, dim)
+    pos = torch.tensor([[5], [44], [0]])
+    # positions from `kept` on hold garbage (unwritten rows): they must not count, so they are huge here
+    k[:, :, kept:], v[:, :, kept:] = 1e4, 1e4
+    bias = decode.attention_bias(torch.arange(kept)[None, None] <= pos[:, :, None], heads // kv, torch.float32)
+    out = decode.attend_kept(q, k, v, bias, 0.3, kept)
+    kk, vv = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)   # (b, H, W, D)
+    scores = torch.einsum("bshd,bhwd->bhsw", q, kk) * 0.3
+    scores = scores.masked_fill(~(torch.arange(width)[None, None] <= pos[:, :, None])[:, None], float("-inf"))
+    ref = torch.einsum("bhsw,bhwd->bshd", scores.softmax(-1), vv).reshape(b, 1, heads * dim)
+    assert torch.allclose(out, ref, atol=1e-5)
+
+
+def test_the_cpu_levers_are_on_by_default_in_float32_and_give_the_plain_paths_tokens(model_dir):
+    """Packed weights (q/k/v and gate/up fused, biases included: the tiny model is a Qwen2) and attention
+    over the kept positions compute what the module weights and SDPA compute."""
+    prompts = prompts_of([7, 20, 33, 20, 9, 14, 50, 3], 2)
+    outs = {}
+    for packed in (False, True):
+        for kept in (False, True):
+            eng = decode.TorchEngine(model_dir, "cpu", "float32", packed=packed, kept_attention=kept)
+            outs[packed, kept] = eng.generate(prompts, engines.Sampling(max_tokens=20, seed=5, stop_ids=STOPS))
+            assert isinstance(eng.linears, decode.PackedLinears) == packed
+    default = decode.TorchEngine(model_dir, "cpu", "float32")
+    assert default.packed == decode.can_pack(torch.device("cpu"), torch.float32) and default.kept_attention
+    plain = outs[False, False]
+    for out in outs.values():
+        assert [s.ids for s in out] == [s.ids for s in plain]
+        for s, t in zip(out, plain):
+            assert torch.allclose(torch.tensor(s.logprobs), torch.tensor(t.logprobs), atol=1e-5)
+
+
+def test_packed_weights_are_packed_again_after_a_sync_and_dropped_by_sleep(model_dir, tmp_path):
+    """Generation after a weight sync equals a fresh engine's on the new weights: the packed copies of the
+    old ones are not used again."""
+    eng = decode.TorchEngine(model_dir, "cpu", "float32", packed=True)
+    params = engines.Sampling(max_tokens=10, seed=8, stop_ids=STOPS)
+    second = two_turns(eng, params)
+    before = eng.linears
+    assert isinstance(before, decode.PackedLinears)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        for layer in model.model.layers:  # every packed group changes: q/k/v, o, gate/up, down; and the head
+            for lin in (layer.self_attn.q_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+                        layer.mlp.up_proj, layer.mlp.down_proj):
+                lin.weight.mul_(-1.5)
+        model.lm_head.weight.mul_(3)
+    eng.sleep()
+    assert eng.linears is None  # its memory given back while the trainer updates
+    eng.sync_weights(model.state_dict().items())
+    out = eng.generate(second, params)
+    assert eng.linears is not before
+    model.save_pretrained(tmp_path)  # the engine reads only the model
+    fresh = decode.TorchEngine(str(tmp_path), "cpu", "float32", packed=True).generate(second, params)
+    assert [s.ids for s in out] == [s.ids for s in fresh]
+    for s, t in zip(out, fresh):
+        assert torch.allclose(torch.tensor(s.logprobs), torch.tensor(t.logprobs), atol=1e-5)
+    stale = decode.TorchEngine(model_dir, "cpu", "float32", packed=True).generate(second, params)
+    assert [s.ids for s in out] != [s.ids for s in stale]  # the change shows: the test can fail
