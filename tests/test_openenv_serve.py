@@ -41,7 +41,7 @@ def test_openenv_client_sees_what_the_env_in_process_says(server):
         replies = ["Thought:\nI fly.\n\nAction:\nfly away"]  # refused by the env: said so, on both sides
         local.step(replies[0])
         for _ in range(30):
-            replies.append(f"Thought:\ngo\n\nAction:\n{local.expert()}")
+            replies.append(local.expert())  # a whole reply: Thought, then Action
             obs, reward, done = local.step(replies[-1])
             if done:
                 break
