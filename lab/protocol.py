@@ -89,7 +89,8 @@ SCREEN = {
     "refusal-cost": ["--refusal-penalty", "0.02", "--no-grpo-std"],  # refused turns cost; Dr. GRPO's advantages
     "wide-groups": ["--tasks-per-step", "4", "--samples-per-task", "8"],  # fewer constant groups
 }
-SMOKE_SCREEN = {"recipe": [], "gentle": SCREEN["gentle"]}
+SMOKE_SCREEN = {"recipe": []}  # the smoke scale screens one setting: the machinery, not a choice
+SLUG = {"W*": "wstar", "rl": "rl", "imitation": "imitation", "self": "self"}  # each model's test piece: test-SLUG
 RULE = ("the setting with the highest validation success after its screen_cpu seconds; a tie goes to the one "
         "listed first in SCREEN")
 
@@ -253,13 +254,13 @@ class Protocol:
         models = {"W*": Path(wstar), "rl": self.runs / "arm-rl", "imitation": self.runs / "arm-imitation" / "warmstart",
                   "self": self.runs / "arm-self" / "warmstart"}
         for label, model in models.items():
-            self.run_piece(f"test-{label.replace('*', 'star')}", self.evaluate(
-                model, self.runs / f"test-{label.replace('*', 'star')}", self.scale.test_split, self.scale.test_tasks,
+            self.run_piece(f"test-{SLUG[label]}", self.evaluate(
+                model, self.runs / f"test-{SLUG[label]}", self.scale.test_split, self.scale.test_tasks,
                 self.scale.test_k), "eval", fresh=False, model=label)
         from lab import results as published
         labels = {"W*": "W* (imitation plateau)", "imitation": "W* + more imitation (B)",
                   "self": "W* + self-imitation (C)", "rl": "W* + RL (A)"}
-        evals = [(labels[k], self.runs / f"test-{k.replace('*', 'star')}") for k in ("W*", "imitation", "self", "rl")]
+        evals = [(labels[k], self.runs / f"test-{SLUG[k]}") for k in ("W*", "imitation", "self", "rl")]
         if not (self.results / "test" / "manifest.json").exists():
             if (self.results / "test").exists():
                 shutil.rmtree(self.results / "test")

@@ -1,0 +1,79 @@
+"""The finite-demonstrations protocol (lab/protocol.py): its one-line refusals before start-up, the
+screen's rule, and the whole protocol at the smoke scale (the tiny model on BabyAI, one rank): every
+piece runs, the result folder holds what each measured, and a rerun replays only unfinished pieces."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab import protocol
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*flags: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lab.protocol", *flags], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--patience", "0"], "--patience must be at least 1"),
+    (["--arm-cpu", "0"], "an arm with no time left"),
+    (["--demo-tasks", "40001"], "the expert cannot fill it, babyai has 40000 train tasks"),
+    (["--env", "textcraft"], "textcraft has no expert"),
+])
+def test_a_broken_protocol_is_one_line_before_start_up(flags, says, tmp_path):
+    proc = run(*flags, "--runs", str(tmp_path / "runs"), timeout=120)
+    assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "runs").exists()  # nothing started
+
+
+def test_the_screen_rule_takes_the_best_and_breaks_ties_by_order():
+    assert protocol.choose({"a": 0.2, "b": 0.3, "c": 0.3}, ["a", "b", "c"]) == "b"
+    assert protocol.choose({"a": 0.3, "b": 0.3}, ["b", "a"]) == "b"
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    base = tmp_path_factory.mktemp("protocol")
+    flags = ["--scale", "smoke", "--nproc", "1", "--runs", str(base / "runs"), "--results", str(base / "results")]
+    proc = run(*flags)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return base, flags, proc
+
+
+def test_every_piece_runs_and_the_result_folder_holds_what_each_measured(smoke):
+    base, _, proc = smoke
+    results = base / "results"
+    pieces = [json.loads(line) for line in (results / "pieces.jsonl").read_text().splitlines()]
+    names = [p["piece"] for p in pieces]
+    assert names[:4] == ["epoch-1", "val-epoch-1", "epoch-2", "val-epoch-2"]  # patience 1: two epochs
+    assert {"arm-rl", "arm-imitation", "arm-self", "test-wstar", "test-rl", "test-imitation", "test-self"} <= set(names)
+    assert all(p["wall_s"] > 0 and p["cpu_s"] > 0 and p["machine"] for p in pieces)
+    demos = json.loads((results / "demos.json").read_text())
+    assert len(demos["tasks"]) == protocol.SCALES["smoke"].demo_tasks  # the finite set, recorded
+    arms = {p["piece"]: p for p in pieces}
+    assert arms["arm-self"]["actor"] == "policy" and arms["arm-self"]["played"] == 4  # W*'s own play
+    assert arms["arm-imitation"]["actor"] == "expert" and arms["arm-rl"]["steps"] >= 1
+    screen = json.loads((results / "screen.json").read_text())
+    assert screen["choice"] == protocol.choose(screen["scores"], list(protocol.SMOKE_SCREEN))
+    summary = (results / "summary.md").read_text()
+    for label in ("W* (imitation plateau)", "more imitation (B)", "self-imitation (C)", "W* + RL (A)"):
+        assert label in summary
+    assert "never solved" in summary and "Paired differences" in (results / "test" / "tables.md").read_text()
+
+
+def test_a_rerun_replays_only_unfinished_pieces(smoke):
+    base, flags, _ = smoke
+    (base / "runs" / "arm-self" / "piece.json").unlink()  # as if the self-imitation arm had crashed
+    before = (base / "results" / "pieces.jsonl").read_text().splitlines()
+    proc = run(*flags)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    started = [line for line in proc.stdout.splitlines() if line.startswith("[protocol]")]
+    assert len(started) == 1 and started[0].startswith("[protocol] arm-self:")
+    after = (base / "results" / "pieces.jsonl").read_text().splitlines()
+    assert after[:len(before)] == before and len(after) == len(before) + 1
