@@ -11,15 +11,17 @@ and a WebSocket session per client. Two ways in, both for train.py and evaluate.
 
 How a reply becomes the env's Action (the rule the instruction states to the model):
   - text mode, when the Action model has exactly one required string field (or `--env-options
-    '{"text_field": "<name>"}'` names one): the reply's action goes into that field: the text after
-    its `Action:` line when it has one (more than one is refused, as for our envs), else the whole reply;
-  - JSON mode, for any other Action: the reply (or its text after `Action:`, or its last ```json block)
-    must be one JSON object of the Action's fields. One that does not parse, or that the Action model
+    '{"text_field": "<name>"}'` names one): the whole reply goes into that field (the env parses it, as
+    ours do: a server of ours, envs/openenv_serve.py, is played this way);
+  - JSON mode, for any other Action: the reply (or its text after its one `Action:` line, or its last
+    ```json block) must be one JSON object of the Action's fields. One that does not parse, or that the Action model
     (in-process) or the server refuses as invalid, is not sent: the step answers with an observation
     saying why and which fields are expected, reward unchanged, not done, and `refused` set.
 
-The observation's text is its one string field when it has exactly one (else every field but done,
-reward and metadata as JSON). Task id = the seed given to `reset`. Reward: OpenEnv rewards are per
+The observation's text is its `text` field when it has one (a server of ours: its `instruction`,
+`refused` and `success` fields are read too), else its one string field when it has exactly one, else
+every field but done, reward and metadata as JSON. Task id = the seed given to `reset` (a server of ours, envs/openenv_serve.py,
+lists its env's own task ids and subtasks, and reads the seed as the task id). Reward: OpenEnv rewards are per
 step, while our episodes score the last step's reward (a running score), so an episode's reward here is
 the sum of its step rewards (`{"reward": "last"}`: the env's own value, for envs that already report a
 running score); used as the env gives it, not rescaled. Success: the observation metadata's `success`
@@ -68,9 +70,9 @@ class OpenEnv:
     url: str | None = None         # set by bind(): the server
     success = refused = False
 
-    def __init__(self, text_field: str | None = None, reward: str = "sum", instruction: str | None = None,
+    def __init__(self, text_field: str | None = None, reward: str | None = None, instruction: str | None = None,
                  timeout: float = 300.0):
-        if reward not in ("sum", "last"):
+        if reward not in (None, "sum", "last"):
             raise ValueError(f"reward {reward!r}: choose sum (the episode's return) or last (the env's own value)")
         self.reward_mode, self.timeout, self.custom = reward, timeout, instruction
         self.env = self.client = None
@@ -97,11 +99,10 @@ class OpenEnv:
 
     @property
     def instruction(self) -> str:
-        if self.custom:
-            return self.custom
+        if self.custom or getattr(self, "served_instruction", None):
+            return self.custom or self.served_instruction
         if self.text_field:
-            return ("Act in this environment, one action per reply. Reply as 'Thought:\\n<your reasoning>\\n\\n"
-                    f"Action:\\n<{self.text_field}>'.")
+            return f"Act in this environment, one action per reply: each reply is sent to it as its {self.text_field}."
         return ("Act in this environment, one action per reply. End each reply with one JSON object of the action's "
                 f"fields: {json.dumps(self.fields)}")
 
@@ -142,7 +143,6 @@ class OpenEnv:
         if error is not None:
             self.refused = True
             return f"{error} {self.expected()}", self.score(), False
-        self.refused = False
         return obs, reward, done
 
     def close(self) -> None:
@@ -153,21 +153,33 @@ class OpenEnv:
             self.env.close()
 
     def tasks(self, split: str) -> list[int]:
-        """Seeds: OpenEnv environments have no task ids of their own; disjoint ranges per split."""
-        return list(IDS[split])
+        """A server of ours (envs/openenv_serve.py) lists its env's splits (GET /tasks); any other OpenEnv
+        env has no task ids of its own: seeds, disjoint ranges per split."""
+        listing = self.listing()
+        return list(listing["splits"][split]) if listing else list(IDS[split])
 
     def subtask(self, task_id: int) -> str:
-        return "all"
+        listing = self.listing()
+        return listing["subtasks"].get(str(task_id), "all") if listing else "all"
+
+    def listing(self) -> dict:
+        if self.url is None:
+            return {}
+        if not hasattr(self, "_listing"):
+            import requests
+            answer = requests.get(f"{self.url}/tasks", timeout=min(60.0, self.timeout))
+            self._listing = answer.json() if answer.ok else {}
+        return self._listing
 
     # -- the mapping ---------------------------------------------------------------------------------
     def action(self, text: str) -> tuple[dict, str | None]:
         """The reply as the Action's fields, or ({}, the reason it is refused)."""
+        if self.text_field:
+            return ({self.text_field: text.strip()}, None) if text.strip() else ({}, "Invalid reply: it is empty.")
         starts = [m.end() for m in _ACTION.finditer(text)]
         if len(starts) > 1:
             return {}, f"Invalid reply: found {len(starts)} 'Action:' lines. Give exactly one action per reply."
         body = text[starts[0]:].strip() if starts else text.strip()
-        if self.text_field:
-            return ({self.text_field: body}, None) if body else ({}, "Invalid reply: the action is empty.")
         fenced = _FENCE.findall(body)
         candidate = fenced[-1] if fenced else body[body.find("{"):body.rfind("}") + 1]
         try:
@@ -180,14 +192,18 @@ class OpenEnv:
 
     def expected(self) -> str:
         if self.text_field:
-            return f"Reply as 'Thought:\\n<your reasoning>\\n\\nAction:\\n<{self.text_field}>'."
+            return f"Each reply is sent as the action's {self.text_field}; write one."
         return f"Reply with one JSON object of the fields {json.dumps(self.fields)}."
 
     def score(self) -> float:
-        return self.total if self.reward_mode == "sum" else self.last
+        """The episode's reward so far: the sum of step rewards, or the last one (`reward`; default: what a
+        server of ours says its rewards are, else the sum)."""
+        mode = self.reward_mode or self.listing().get("reward", "sum")
+        return self.total if mode == "sum" else self.last
 
     def _read(self, result) -> tuple[str, float, bool]:
         """(text, reward, done) from an in-process Observation or the client's StepResult."""
+        self.refused = False
         if self.env is not None:
             fields = result.model_dump(exclude={"done", "reward", "metadata"})
             reward, done, self.info = result.reward, result.done, _plain(result.metadata)
@@ -196,8 +212,12 @@ class OpenEnv:
         self.last = float(reward or 0.0)
         self.total += self.last
         strings = [v for v in fields.values() if isinstance(v, str)]
-        text = strings[0] if len(strings) == 1 and len(fields) == 1 else json.dumps(fields, sort_keys=True, default=str)
-        reported = self.info.get("success")
+        if isinstance(fields.get("text"), str):  # a server of ours (envs/openenv_serve.py) or alike
+            text, self.served_instruction = fields["text"], fields.get("instruction")
+            self.refused = bool(fields.get("refused", False))
+        else:
+            text = strings[0] if len(strings) == 1 and len(fields) == 1 else json.dumps(fields, sort_keys=True, default=str)
+        reported = self.info.get("success", fields.get("success"))
         self.success = bool(reported) if isinstance(reported, bool) else bool(done and self.score() > 0)
         return text, self.score(), bool(done)
 

@@ -12,7 +12,9 @@ WebSocket session). What crosses the wire:
     reply format), `task_id`, `subtask`, `refused` (the env did not carry the action out), `score` (its
     running score, also OpenEnv's `reward`), `success`, and `done`. Everything sits in fields, not in
     metadata, because OpenEnv's server does not send metadata;
-  - State: episode_id, step_count, task_id.
+  - State: episode_id, step_count, task_id;
+  - GET /tasks (ours, beside OpenEnv's routes): {"splits": {split: task ids}, "subtasks": {id: name},
+    "reward": "last"}.
 The rewards are ours: the episode's reward is the last step's (a running score, scaled to [-1, 1]).
 """
 from __future__ import annotations
@@ -87,7 +89,25 @@ def served(name: str, options: dict | None = None) -> type:
 
 
 def app(name: str, options: dict | None = None, sessions: int = 64):
-    return create_app(served(name, options), ReplyAction, TextObservation, env_name=name, max_concurrent_envs=sessions)
+    """OpenEnv's app, plus GET /tasks: the task ids of each split and their subtasks, which OpenEnv has no
+    word for (envs/openenv_in.py reads them, so a client plays this env's own splits)."""
+    server = create_app(served(name, options), ReplyAction, TextObservation, env_name=name,
+                        max_concurrent_envs=sessions)
+    listing: dict = {}
+
+    @server.get("/tasks")
+    def tasks() -> dict:
+        if not listing:  # once, on first request: one env instance lists them
+            env = envs.make(name, **(options or {}))
+            try:
+                listing["splits"] = {split: env.tasks(split) for split in ("train", "val", "test")}
+                listing["subtasks"] = {t: env.subtask(t) for ids in listing["splits"].values() for t in ids}
+                listing["reward"] = "last"  # ours report a running score: the episode's reward is the last one
+            finally:
+                env.close()
+        return listing
+
+    return server
 
 
 def main(argv=None):
