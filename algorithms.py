@@ -278,6 +278,22 @@ class Options:
     reduce_max: object = None              # t -> t maxed over processes
 
 
+def _group_relative(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, rows, gamma: float,
+                    opts: Options) -> Tensor:
+    """`advantages` of the group-relative estimators (grpo, rloo, gigpo) on this process's rows: the episode's
+    score against its group, broadcast to its policy tokens (gigpo adds each turn's step advantage)."""
+    B, T = mask.shape
+    m, eps = mask.bool(), opts.eps
+    scalar = group_baseline("rloo" if name == "rloo" else "grpo", rewards, group_ids, opts.norm_by_std, eps)
+    if name != "gigpo":
+        return _keep(scalar[rows].to(rewards.dtype)[:, None].expand(B, T), m)
+    if opts.states is None or len(opts.states) != len(rewards):
+        raise ValueError("gigpo needs states: per episode of the step, the keys of the observations its "
+                         "turns answered (rollout.Episode.states)")
+    steps = step_advantages(rewards, group_ids, opts.states, gamma, opts.norm_by_std, eps)[rows]
+    return _keep(gigpo.per_turn(scalar[rows], steps, mask, opts.step_weight), m).float()
+
+
 def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
                token_kl: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, kl_coef: float = 0.0,
                opts: Options = Options()) -> tuple[Tensor, Tensor]:
@@ -312,32 +328,30 @@ def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, valu
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; use one of {', '.join(ESTIMATORS)}")
     B, T = mask.shape
-    rows, states, eps, norm_by_std = opts.rows or slice(0, len(rewards)), opts.states, opts.eps, opts.norm_by_std
+    rows = opts.rows or slice(0, len(rewards))
     if rewards.shape != group_ids.shape or rewards[rows].shape != (B,):
         raise ValueError(f"rewards and group_ids must have shape ({B},) to match mask {tuple(mask.shape)} (or "
                          f"hold the whole step, of which `rows` selects these {B}), got {tuple(rewards.shape)} "
                          f"and {tuple(group_ids.shape)}")
     rewards = rewards.detach().to(_float(rewards.dtype))
     _require_finite("reward", rewards)
-    m = mask.bool()
-
     if name in ("grpo", "rloo", "gigpo"):
         if kl_coef != 0.0:  # silently ignoring a hyperparameter hides a misconfigured run
             raise ValueError(f"{name} takes no KL in the reward; use kl_loss(...) or set kl_coef=0")
-        scalar = group_baseline("rloo" if name == "rloo" else "grpo", rewards, group_ids, norm_by_std, eps)
-        if name == "gigpo":
-            if states is None or len(states) != len(rewards):
-                raise ValueError("gigpo needs states: per episode of the step, the keys of the observations its "
-                                 "turns answered (rollout.Episode.states)")
-            steps = step_advantages(rewards, group_ids, states, gamma, norm_by_std, eps)[rows]
-            adv = _keep(gigpo.per_turn(scalar[rows], steps, mask, opts.step_weight), m).float()
-        else:
-            adv = _keep(scalar[rows].to(rewards.dtype)[:, None].expand(B, T), m)
+        adv = _group_relative(name, rewards, mask, group_ids, rows, gamma, opts)
         return adv, adv.clone()
 
     if name == "reinforce++_baseline":
         rewards = group_baseline("center", rewards, group_ids).to(rewards.dtype)
-    rewards = rewards[rows]
+    return _token_level(name, rewards[rows], mask, values, token_kl, gamma, lam, kl_coef, opts)
+
+
+def _token_level(name: str, rewards: Tensor, mask: Tensor, values: Tensor | None, token_kl: Tensor | None,
+                 gamma: float, lam: float, kl_coef: float, opts: Options) -> tuple[Tensor, Tensor]:
+    """`advantages` of the token-level estimators (reinforce++ and its baseline, gae) from this process's
+    episode rewards (B,): token rewards, return-to-go or GAE over policy tokens, whitened over the batch."""
+    B, T = mask.shape
+    m = mask.bool()
     token_r = terminal_rewards(rewards, mask)                    # (B, T)
     if kl_coef != 0.0:
         if token_kl is None:
