@@ -80,7 +80,8 @@ def main() -> None:
     # one group per micro-batch: its prompt once plus its continuations (shared prefix), or its padded rows
     budget = longest + args.micro * c if shared else args.micro * (longest + c)
     cfg = configs.Config(algo="grpo", kl_coef=0.0, micro_tokens=budget, device="cpu", dtype=args.dtype,
-                         checkpointing=args.checkpointing, shared_prefix=shared, fused_head=True, lr=1e-6, grad_reduce=args.grad_reduce,
+                         checkpointing=args.checkpointing, shared_prefix=shared, fused_head=True, lr=1e-6,
+                         grad_reduce=args.grad_reduce,
                          tasks_per_step=args.prompts, samples_per_task=args.samples)
     d = configs.derive(cfg)
     policy = distributed.shard(AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32),
