@@ -137,7 +137,7 @@ def _onehot_minus(p, targets):
     return p.neg_().scatter_add_(1, targets[:, None], torch.ones_like(p[:, :1]))
 
 
-def token_logprobs(hidden, head, targets, temperature: float, entropy_grad: bool = False,
+def token_logprobs(hidden, head, targets, temperature: float, entropy: bool = True, entropy_grad: bool = False,
                    slice_tokens: int | None = None):
     """The plain path: (N, H) final hidden states through the model's own LM head `head`, then a log-softmax
     of the tempered logits and a gather of the sampled ids `targets` (N,): (N,) logprobs and (N,) entropies,
@@ -150,7 +150,7 @@ def token_logprobs(hidden, head, targets, temperature: float, entropy_grad: bool
     def one(h, t):
         s = torch.log_softmax(head(h).float() / temperature, dim=-1)                     # (n, V)
         with torch.set_grad_enabled(grad and entropy_grad):
-            ent = -(s.exp() * s).sum(-1)
+            ent = -(s.exp() * s).sum(-1) if entropy else s.new_zeros(s.shape[0])
         return s.gather(-1, t[:, None]).squeeze(-1), ent
 
     parts = [checkpoint(one, hidden[i:i + n], targets[i:i + n], use_reentrant=False) if grad and len(hidden) > n
@@ -242,19 +242,19 @@ def forward(model, batch: dict, rows: list[int], temperature: float, value: bool
     if fused_head:
         lp, ent = head_logprobs(hidden, head.weight, targets, temperature, entropy, entropy_grad)
     else:
-        lp, ent = token_logprobs(hidden, head, targets, temperature, entropy and entropy_grad)
+        lp, ent = token_logprobs(hidden, head, targets, temperature, entropy, entropy and entropy_grad)
     result = result.index_put((rr, tt), lp)
     return result, (torch.zeros_like(result).index_put((rr, tt), ent) if entropy else None)
 
 
 @torch.no_grad()
 def score(model, batch: dict, micro: list[list[int]], temperature: float, value: bool = False,
-          shared_prefix: bool = False) -> torch.Tensor:
+          shared_prefix: bool = False, fused_head: bool = False) -> torch.Tensor:
     """(B, L) logprobs (or values) of the whole batch, micro-batch by micro-batch (`forward`'s options)."""
     out = torch.zeros_like(batch["mask"])
     for mb in micro:
         res, _ = forward(model, batch, mb or [0], temperature, value=value, width=None if mb else DUMMY_WIDTH,
-                         shared_prefix=shared_prefix and bool(mb))
+                         shared_prefix=shared_prefix and bool(mb), fused_head=fused_head)
         if mb:
             out[mb, :res.shape[1]] = res.float().cpu()
     return out

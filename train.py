@@ -251,10 +251,10 @@ def score_batch(run: Run, batch: dict):
     micro = micro_batches(list(range(len(batch["rewards"]))), batch["attn"].sum(1), cfg.micro_tokens)
     micro = pad(micro, all_max(len(micro)))
     on_policy = cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and not run.kl_in_reward
-    old = None if on_policy else score(run.models["policy"], batch, micro, cfg.temperature)
+    old = None if on_policy else score(run.models["policy"], batch, micro, cfg.temperature, fused_head=cfg.fused_head)
     ref_lp = None
     if run.ref is not None:
-        ref_lp = score(run.ref, batch, micro, cfg.temperature)
+        ref_lp = score(run.ref, batch, micro, cfg.temperature, fused_head=cfg.fused_head)
         # FSDP2 leaves a root's parameters (embeddings, head) gathered after forward, for the backward
         # that follows; the frozen reference never runs one, so it would keep them whole until its
         # next step (2.2 GB per GPU for Qwen2.5-7B instead of 0.3): reshard explicitly. (Resharding

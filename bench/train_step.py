@@ -132,8 +132,8 @@ def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world,
     n_micro = distributed.all_max(len(passes.micro_batches(rows, lengths, cfg.micro_tokens)))
     micro = passes.pad(passes.micro_batches(rows, lengths, cfg.micro_tokens), n_micro)
     t = lap("collate", t)
-    old = None if args.on_policy else batch_.score(policy, batch, micro, cfg.temperature)
-    ref_lp = batch_.score(ref, batch, micro, cfg.temperature) if ref is not None else None
+    old = None if args.on_policy else batch_.score(policy, batch, micro, cfg.temperature, fused_head=cfg.fused_head)
+    ref_lp = batch_.score(ref, batch, micro, cfg.temperature, fused_head=cfg.fused_head) if ref is not None else None
     t = lap("logprobs", t)
     token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * mask if kl_in_reward else None
     adv, _ = train.global_advantages(cfg, d, batch, None, token_kl)
