@@ -17,7 +17,9 @@ Figures, every one with the CPU's name and the load average before and after:
   KV cache at its mean context, read once at that bandwidth;
 - decode ms per step: (a call of `--new` tokens - a call of 1) / (`--new` - 1), the prompts' KV already cached,
   every row forced to `--new` tokens (no stop id), the project's sampler (temperature 1, the sampled token's
-  logprob); the same way for vLLM (bench/generate.py's own measure);
+  logprob); the same way for vLLM (bench/generate.py's own measure); and for the decode loop its own clock
+  over the steps after its two warm-up steps (`steady`), which subtracts nothing and so suffers less from a
+  loaded machine;
 - where a plain and a levered step go: torch.profiler's self time per decode step, by kind of op.
 """
 from __future__ import annotations
@@ -108,6 +110,7 @@ def main(args) -> int:
             eng.linears = None  # packed (or not) again on the next call
 
     results = {name: [] for name in runners}
+    steady = {name: [] for name in variants}  # the engine's own clock: decode steps only, no per-call work
     names = list(runners)
     for r in range(args.rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
@@ -115,9 +118,14 @@ def main(args) -> int:
             run = runners[name]
             run(args.new)  # warm: this variant's shapes, its packing, its graph
             one = min(run(1) for _ in range(2))
+            before = dict(eng.stats)
             full = run(args.new)
             results[name].append(1000 * (full - one) / (args.new - 1))
-            print(f"round {r + 1}: {name}: {results[name][-1]:.1f} ms/step", flush=True)
+            if name in steady:
+                steady[name].append(1000 * (eng.stats["steady_s"] - before["steady_s"])
+                                    / (eng.stats["steady_steps"] - before["steady_steps"]))
+            print(f"round {r + 1}: {name}: {results[name][-1]:.1f} ms/step"
+                  + (f" (steady {steady[name][-1]:.1f})" if name in steady else ""), flush=True)
 
     where = {}
     if args.profile:
@@ -143,19 +151,22 @@ def main(args) -> int:
                "model": "SmolLM2-135M-Instruct", "batch": args.batch, "prompt": args.prompt, "new": args.new,
                "load_average_before": load_before, "load_average_after": load(), "bandwidth_gbs": bw,
                "weight_bytes": weights, "kv_bytes_at_mean_context": kv, "bound_ms": bound_ms,
-               "decode_ms_per_step": results, "rounds": args.rounds, "where_a_step_goes_ms": where}
+               "decode_ms_per_step": results, "steady_ms_per_step": steady, "rounds": args.rounds, "where_a_step_goes_ms": where}
     if vllm is not None:
         figures["vllm_start_s"] = vllm_start_s
     print(f"\nCPU: {figures['cpu']} ({figures['cores']} cores), {dtype}, {args.threads} thread(s); load average "
           f"{load_before} before, {figures['load_average_after']} after")
     print(f"read bandwidth {bw:.1f} GB/s; weights {weights / 1e6:.0f} MB + KV of {args.batch} x {context:.0f} tokens "
           f"{kv / 1e6:.0f} MB: bound {bound_ms:.1f} ms a step")
-    print(f"| decode at batch {args.batch}, ms/step | median | best | median / bound | median / plain |")
-    print("|---|---|---|---|---|")
-    plain = statistics.median(results[names[0]])
+    print(f"| decode at batch {args.batch}, ms/step | median | best | median / bound | median / plain | "
+          "steady clock: median | its / plain |")
+    print("|---|---|---|---|---|---|---|")
+    plain, plain_steady = statistics.median(results[names[0]]), statistics.median(steady[names[0]])
     for name, ms in results.items():
         med = statistics.median(ms)
-        print(f"| {name} | {med:.1f} | {min(ms):.1f} | {med / bound_ms:.1f}x | {med / plain:.2f} |")
+        own = f"{statistics.median(steady[name]):.1f} | {statistics.median(steady[name]) / plain_steady:.2f}" \
+            if name in steady else " | "
+        print(f"| {name} | {med:.1f} | {min(ms):.1f} | {med / bound_ms:.1f}x | {med / plain:.2f} | {own} |")
     for name, kinds in where.items():
         print(f"\nwhere a step goes, {name} (torch.profiler, ms a step):")
         for kind, ms in kinds.items():

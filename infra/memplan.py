@@ -254,9 +254,12 @@ def torch_engine_rows(s: Shape, c: int, max_context: int, seqs: int, device: str
     SDPA's float bias), per query head group (G = heads / kv heads) and cached position."""
     chunk = 16384 if device == "cuda" else 2048
     g = s.heads // s.kv_heads
-    return {f"KV rows ({seqs} x {max_context} tokens)": 2 * s.L * s.kv * c * max_context * seqs * (1 + 1 / s.L),
+    rows = {f"KV rows ({seqs} x {max_context} tokens)": 2 * s.L * s.kv * c * max_context * seqs * (1 + 1 / s.L),
             f"sampler ({seqs} x {s.V})": seqs * s.V * (c + 5 * 4),
             f"prefill chunk ({chunk} tokens)": chunk * (c * (6 * s.H + 3 * s.I) + g * max_context * 5)}
+    if device == "cpu":  # decode.PackedLinears: every linear layer and the LM head packed again (dropped by sleep);
+        rows["packed weights (oneDNN)"] = s.params * c  # counted in bf16 too, where a CPU without bf16 packs none
+    return rows
 
 
 def peak(p: dict) -> float:
