@@ -12,6 +12,7 @@ Test: tests/test_budget.py
 """
 from __future__ import annotations
 
+import math
 import time
 
 CLOCKS = ("wall", "cpu")
@@ -30,4 +31,5 @@ def combined(clock: str, seconds: float, reduce_sum, reduce_max) -> float:
     every rank must call this."""
     if clock == "cpu":
         return float(reduce_sum(seconds)[0])
-    return float(reduce_max(int(seconds * 1000)) / 1000)  # all_max reduces integers: milliseconds
+    # all_max reduces integers: microseconds, rounded up so that any time spent counts against a budget
+    return float(reduce_max(math.ceil(seconds * 1_000_000)) / 1_000_000)

@@ -1,6 +1,7 @@
 """Time budgets on the wall clock or in CPU seconds (infra/budget.py, --budget-clock)."""
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -23,7 +24,7 @@ def test_the_cpu_clock_counts_work_not_waiting():
 def test_ranks_combine_by_sum_on_cpu_and_by_max_on_the_wall():
     two_ranks = [1.5, 2.25]  # each rank's seconds; the collectives below are what all_sum / all_max return
     reduce_sum = lambda *xs: [sum(two_ranks)]  # noqa: E731
-    reduce_max = lambda x: max(int(s * 1000) for s in two_ranks)  # noqa: E731
+    reduce_max = lambda x: max(math.ceil(s * 1_000_000) for s in two_ranks)  # noqa: E731
     assert budget.combined("cpu", two_ranks[0], reduce_sum, reduce_max) == 3.75
     assert budget.combined("wall", two_ranks[0], reduce_sum, reduce_max) == 2.25
 
@@ -31,3 +32,8 @@ def test_ranks_combine_by_sum_on_cpu_and_by_max_on_the_wall():
 def test_an_unknown_clock_is_refused():
     with pytest.raises(ValueError, match="wall"):
         budget.now("gpu")
+
+
+def test_any_time_spent_counts_against_a_wall_budget():
+    """A budget of a nanosecond is spent by the first measurable instant (no rounding down to zero)."""
+    assert budget.combined("wall", 1e-9, lambda *xs: list(xs), lambda x: x) > 1e-9
