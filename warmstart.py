@@ -99,9 +99,10 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
     for _ in range(epochs):
         order = torch.randperm(n_real, generator=gen).tolist()
         for s in range(n_steps):
-            # One verdict for all ranks (a rank that left alone would leave the other waiting forever in its
-            # next collective).
-            if seconds and budget.combined(clock, budget.now(clock) - start, reduce_sum, reduce_max) > seconds:
+            # One verdict for all ranks, even when their budgets differ: any rank past its own stops them all
+            # (a rank that left alone would leave the other waiting forever in its next collective).
+            spent = budget.combined(clock, budget.now(clock) - start, reduce_sum, reduce_max) if seconds else 0.0
+            if seconds and reduce_max(int(spent > seconds)):
                 return losses
             chunk = order[s * batch_episodes:(s + 1) * batch_episodes]
             mean_nll = nll_backward(model, batch, chunk, micro_tokens, reduce_sum, reduce_max, world,

@@ -17,6 +17,7 @@ import engine as engines
 from models import tiny
 from rollout import ChatFormat, Expert, Play, rollout
 from tests.support.toy import Digits
+from tests.test_rollout import Recorder  # keeps what the engine sampled
 
 QWEN3 = (
     "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
@@ -103,16 +104,6 @@ def hf_engine(model_dir):
     eng = engines.make_engine(model_dir, "hf", max_model_len=2048)
     eng.sync_weights(model.state_dict().items())
     return eng
-
-
-class Recorder:
-    def __init__(self, engine):
-        self.engine, self.samples = engine, []
-
-    def generate(self, prompts, params):
-        out = self.engine.generate(prompts, params)
-        self.samples += [s.ids for s in out]
-        return out
 
 
 class Thinking(Digits):
