@@ -1,8 +1,10 @@
-"""Pure tensor math of the trainer: masked reductions, advantage estimators, policy/value/KL losses.
+"""The --algo records and the advantage estimators: what each algorithm means to the trainer, and how
+episode rewards become per-token advantages and returns.
 
 Everything here is model-free and works on padded (B, T) token tensors plus a loss mask that is 1
 exactly on tokens the policy sampled (assistant content and its end-of-turn token) and 0 on the
-prompt, role headers, observations and padding. Estimators (AgentGym-RL trains with all four):
+prompt, role headers, observations and padding (masked.py: its reductions, and entries at mask 0 never
+read). Estimators (AgentGym-RL trains with all four):
 
     grpo / rloo          group baselines on the scalar episode reward, broadcast to policy tokens
     reinforce++(_baseline)  token rewards, return-to-go over policy tokens, batch whitening
@@ -10,7 +12,8 @@ prompt, role headers, observations and padding. Estimators (AgentGym-RL trains w
     gigpo                GRPO's episode term plus step groups of turns from one state (gigpo.py)
 
 `advantages` is the one entry point: the trainer gives it the whole step's rewards and groups (every
-rank's), its own rows' tokens, and cross-rank reductions for the batch whitening.
+rank's), its own rows' tokens, and cross-rank reductions for the batch whitening. The losses the
+advantages then feed (policy, value, KL) are in losses.py.
 
 Departures from the paper's code (verl-based) and from common implementations, each repeated in the
 docstring concerned:
@@ -19,25 +22,19 @@ docstring concerned:
   * multi-turn time runs over policy tokens only: an observation between two turns is not a time
     step, so inserting observation tokens never changes GAE or return-to-go;
   * a group of size 1 gets advantage 0 for GRPO and RLOO (verl's GRPO hands it the raw reward);
-  * masked variance of fewer than 2 elements is 0 rather than an error or NaN;
-  * losses divide by a normaliser the trainer passes (the global token or sequence count across
-    ranks and micro-batches), so the gradient does not depend on how a batch was split;
-  * entries at mask 0 are never read: not by the result, not by the gradient, even if NaN.
-    Non-finite rewards, or non-finite values/KL on policy tokens, raise ValueError in `advantages`.
+  * non-finite rewards, or non-finite values/KL on policy tokens, raise ValueError in `advantages`.
 
-Numerical choices:
-  * statistics (group means and stds, batch mean and variance for whitening) are float64, whatever
-    the input dtype: a float32 mean of eight rewards of 0.97 is one rounding unit off, its "std" is
-    then about 1e-7, and (r - mean) / (std + 1e-6) turned an all-equal group into advantages of 0.1;
-  * a constant group (GRPO, RLOO, the reinforce++_baseline centring) or a constant batch (whitening)
-    gets exactly 0, by an explicit max == min test, not by hoping the rounding cancels;
-  * eps sits where it bounds the division: GRPO divides by std + eps (eps 1e-6, as verl), whitening
-    multiplies by rsqrt(var + eps) (eps 1e-8); one whitening function serves the single-process and
-    the cross-rank trainer paths (`masked_whiten` with reductions passed in);
-  * results are at least float32; losses upcast bf16 inputs to float32 before exp().
+Numerical choices (the batch statistics' own are in masked.py):
+  * group statistics (means and stds) are float64, whatever the input dtype: a float32 mean of eight
+    rewards of 0.97 is one rounding unit off, its "std" is then about 1e-7, and (r - mean) / (std + 1e-6)
+    turned an all-equal group into advantages of 0.1;
+  * a constant group (GRPO, RLOO, the reinforce++_baseline centring) gets exactly 0, by an explicit
+    max == min test, not by hoping the rounding cancels;
+  * eps sits where it bounds the division: GRPO divides by std + eps (eps 1e-6, as verl);
+  * results are at least float32.
 
-Dimension legend:  B episodes (rows)  T token positions  V vocabulary  G groups (tasks)
-Tests: python -m pytest tests/test_algorithms.py tests/test_losses.py
+Dimension legend:  B episodes (rows)  T token positions  G groups (tasks)
+Tests: python -m pytest tests/test_algorithms.py tests/test_gigpo.py
 """
 from __future__ import annotations
 
@@ -47,6 +44,9 @@ import torch
 from torch import Tensor
 
 import gigpo
+# the losses too, under the names train.py and config.py read them by (A.policy_loss, algorithms.AGGREGATIONS)
+from losses import AGGREGATIONS, aggregate, kl_loss, kl_penalty, policy_loss, value_loss  # noqa: F401
+from masked import _float, _keep, masked_whiten
 
 ESTIMATORS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "gae", "gigpo")
 
@@ -70,76 +70,9 @@ ALGOS = {a.name: a for a in (
     Algo("ppo", "gae", critic=True, kl="loss", grouped=False, states=False),
     Algo("gigpo", "gigpo", critic=False, kl="loss", grouped=True, states=True),
 )}
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-sum-norm")
-LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps exp() finite so backward never meets inf * 0 = NaN
 
 
-# ---------------------------------------------------------------- masked reductions
-
-def _float(dtype: torch.dtype) -> torch.dtype:
-    """The dtype to compute in: at least float32 (int rewards, bf16 log-probs)."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def _keep(x: Tensor, mask: Tensor) -> Tensor:
-    """x where mask is 1, exactly 0 elsewhere. `torch.where`, not `x * mask`: NaN * 0 is NaN."""
-    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
-def masked_sum(x: Tensor, mask: Tensor, dim=None) -> Tensor:
-    """sum_t m_t x_t over `dim` (all dims if None). Entries with mask 0 are never read."""
-    kept = _keep(x, mask)
-    return kept.sum() if dim is None else kept.sum(dim)
-
-
-def masked_mean(x: Tensor, mask: Tensor, dim=None) -> Tensor:
-    """sum_t m_t x_t / max(sum_t m_t, 1): an empty mask gives 0, not NaN."""
-    count = masked_sum(torch.ones_like(x), mask, dim)
-    return masked_sum(x, mask, dim) / count.clamp(min=1)
-
-
-def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
-    """Variance over all masked entries: sum m (x - mean)^2 / (n - 1) (or / n if not unbiased). Departure:
-    fewer than 2 masked entries give 0, where verl raises on n == 1 (a single token carries no spread)."""
-    n = masked_sum(torch.ones_like(x), mask)
-    dev2 = masked_sum((x - masked_mean(x, mask)) ** 2, mask)
-    denom = n - 1 if unbiased else n
-    return torch.where(n >= 2, dev2 / denom.clamp(min=1), torch.zeros_like(dev2))
-
-
-def _identity(t: Tensor) -> Tensor:
-    return t
-
-
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8,
-                  reduce_sum=None, reduce_max=None) -> Tensor:
-    """(x - mean) / sqrt(var + eps) over the masked entries (unbiased var); mean added back if not
-    shift_mean. The one whitening of the project: `advantages` uses it on a local batch and the trainer
-    on a batch spread over ranks, passing `reduce_sum` / `reduce_max` (float64 tensor -> the same
-    tensor summed / maxed over ranks; identity by default), so both give the same numbers.
-
-    Statistics are float64 (see the module docstring). A constant batch gives exactly 0: its max
-    equals its min, which is checked explicitly rather than trusted to rounding. Fewer than two
-    masked entries also give 0. Departure from verl: the result is 0 at mask-0 positions instead of
-    garbage there. Returns at least float32, in x's dtype when wider.
-    """
-    reduce_sum, reduce_max = reduce_sum or _identity, reduce_max or _identity
-    m = mask.bool()
-    x64 = _keep(x.double(), m)
-    n, total = reduce_sum(torch.stack([m.sum().double(), x64.sum()])).unbind()
-    mean = total / n.clamp(min=1)
-    ss = reduce_sum(_keep((x64 - mean) ** 2, m).sum())
-    var = torch.where(n >= 2, ss / (n - 1).clamp(min=1), torch.zeros_like(ss))
-    low = torch.tensor(-float("inf"), dtype=torch.float64, device=x.device)
-    extremes = [torch.where(m, v, low).amax() if v.numel() else low for v in (x64, -x64)]
-    hi, neg_lo = reduce_max(torch.stack(extremes)).unbind()   # max and -min over all ranks
-    constant = (hi <= -neg_lo) | (n < 2)
-    out = torch.where(constant, torch.zeros_like(x64), (x64 - mean) * torch.rsqrt(var + eps))
-    out = out if shift_mean else out + mean
-    return _keep(out, m).to(_float(x.dtype))
-
-
-# ---------------------------------------------------------------- token-level quantities
+# ---------------------------------------------------------------- the terminal reward
 
 def terminal_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
     """(B,) episode rewards -> (B, T) with r_i on the LAST policy token (mask 1) of row i, 0 elsewhere.
@@ -154,26 +87,6 @@ def terminal_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
     out = torch.zeros(B, T, dtype=_float(rewards.dtype), device=mask.device)
     vals = torch.where(m.any(dim=1), rewards.to(out.dtype), 0.0)
     return out.scatter(1, last[:, None], vals[:, None])
-
-
-def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str) -> Tensor:
-    """Per-token estimators of KL(pi || ref) from tokens sampled by pi, d = logp - ref_logp:
-
-        k1 = d        k2 = d^2 / 2        k3 = exp(-d) + d - 1  (>= 0, unbiased, low variance)
-
-    k3 follows common implementations (verl's "low_var_kl"): -d is clamped to [-20, 20] before exp()
-    so exp() never overflows into an inf * 0 = NaN gradient, and the result is clamped to [-10, 10]
-    (so above 10 it carries no gradient). k1 and k2 are not clamped.
-    """
-    d = logp - ref_logp
-    if kind == "k1":
-        return d
-    if kind == "k2":
-        return 0.5 * d * d
-    if kind == "k3":
-        neg = (-d).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        return (torch.exp(neg) - neg - 1).clamp(-10.0, 10.0)
-    raise ValueError(f"unknown KL kind {kind!r}; use one of 'k1', 'k2', 'k3'")
 
 
 # ---------------------------------------------------------------- advantage estimators
@@ -375,123 +288,3 @@ def _token_level(name: str, rewards: Tensor, mask: Tensor, values: Tensor | None
     adv = masked_whiten(adv, mask, reduce_sum=opts.reduce_sum, reduce_max=opts.reduce_max) if opts.whiten else adv
     return adv, returns
 
-
-# ---------------------------------------------------------------- losses
-
-def _denominator(normalizer, default: Tensor) -> Tensor | float:
-    """The normaliser, or `default` (a local count) if None; a count of 0 is read as 1, so a batch
-    with no policy token gives loss 0. A given normaliser must be finite and >= 0."""
-    if normalizer is None:
-        return default.clamp(min=1)
-    value = float(normalizer)
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"normalizer must be a finite number >= 0 (a global token or sequence count), got {value}")
-    return value if value > 0 else 1.0
-
-
-def aggregate(loss_tok: Tensor, mask: Tensor, agg: str, normalizer) -> Tensor:
-    """Per-token terms -> one loss, by `agg` (see `policy_loss`). Used for the policy, KL and entropy
-    terms alike, so their relative weights do not depend on the aggregation."""
-    count = mask.bool().sum().to(loss_tok.dtype)
-    if agg == "token-mean":
-        return masked_sum(loss_tok, mask) / _denominator(normalizer, count)
-    if agg == "seq-mean-token-mean":
-        seq = masked_mean(loss_tok, mask, dim=-1)                 # (B,) 0 for an empty row
-        return seq.sum() / _denominator(normalizer, count.new_tensor(float(seq.numel())))
-    if agg == "seq-sum-norm":
-        if normalizer is None:
-            raise ValueError("agg='seq-sum-norm' needs a constant normalizer, e.g. max response "
-                             "length * number of sequences (Dr. GRPO)")
-        return masked_sum(loss_tok, mask) / _denominator(normalizer, count)
-    raise ValueError(f"unknown agg {agg!r}; use one of {', '.join(AGGREGATIONS)}")
-
-
-def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip_low: float = 0.2,
-                clip_high: float = 0.2, dual_clip: float | None = None, agg: str = "token-mean",
-                normalizer=None) -> tuple[Tensor, dict]:
-    """PPO clipped surrogate, per token, with rho = exp(logp - old_logp) and advantage A:
-
-        l_t = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high))
-        dual clip (c > 1, only where A < 0):   l_t = min(l_t, -c A)
-
-    then aggregated (see `agg`):
-        token-mean           sum_t m_t l_t / normalizer    (default: this batch's mask.sum();
-                             the trainer passes the GLOBAL masked-token count over ranks and
-                             micro-batches so splitting a batch does not change the gradient)
-        seq-mean-token-mean  sum_i (token mean of row i) / normalizer  (default B, the row count)
-        seq-sum-norm         sum_t m_t l_t / normalizer, a constant that must be given (Dr. GRPO:
-                             max response length * number of sequences)
-
-    Inputs are upcast to at least float32; logp - old_logp is clamped to [-20, 20] before exp(), as
-    in verl. Entries at mask 0 (even NaN) affect neither loss nor gradient; NaN at mask 1
-    propagates, since it means the model diverged and the trainer must see it.
-    Metrics (detached 0-d tensors over this batch's masked tokens): clip_frac (the clipped branch is
-    active), clip_frac_low / clip_frac_high, dual_clip_frac, approx_kl = mean k3 estimate of
-    KL(old || new) = rho - 1 - log rho, ratio_min / ratio_max / ratio_mean (1 if the mask is empty).
-    """
-    if not (0.0 <= clip_low < 1.0 and clip_high >= 0.0):
-        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
-    if dual_clip is not None and not dual_clip > 1.0:
-        raise ValueError(f"dual_clip must be > 1 (e.g. 3.0) or None, got {dual_clip}")
-    m = mask.bool()
-    # at least float32: near 1 a bf16 ratio moves in steps of 0.4-0.8%, too coarse for clip metrics
-    logp, old_logp, advantages = (x.to(_float(x.dtype)) for x in (logp, old_logp, advantages))
-    log_ratio = (_keep(logp, m) - _keep(old_logp, m).detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    adv = _keep(advantages, m).detach()
-    ratio = torch.exp(log_ratio)                                                # (B, T)
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss_tok = torch.maximum(unclipped, clipped)
-    dual_active = torch.zeros_like(m)
-    if dual_clip is not None:
-        bound = -adv * dual_clip
-        dual_active = (adv < 0) & (loss_tok > bound)
-        loss_tok = torch.where(adv < 0, torch.minimum(loss_tok, bound), loss_tok)
-    loss = aggregate(loss_tok, mask, agg, normalizer)
-
-    with torch.no_grad():
-        r, lr = ratio.detach(), log_ratio.detach()
-        any_tok = m.any()
-        metrics = {
-            "clip_frac": masked_mean((clipped > unclipped).to(r.dtype), m),
-            "clip_frac_low": masked_mean(((r < 1 - clip_low) & (adv < 0)).to(r.dtype), m),
-            "clip_frac_high": masked_mean(((r > 1 + clip_high) & (adv > 0)).to(r.dtype), m),
-            "dual_clip_frac": masked_mean(dual_active.to(r.dtype), m),
-            "approx_kl": masked_mean(r - 1 - lr, m),
-            "ratio_min": torch.where(any_tok, torch.where(m, r, torch.inf).min(), 1.0),
-            "ratio_max": torch.where(any_tok, torch.where(m, r, -torch.inf).max(), 1.0),
-            "ratio_mean": torch.where(any_tok, masked_mean(r, m), 1.0),
-        }
-    return loss, metrics
-
-
-def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None = 0.2,
-               normalizer=None) -> tuple[Tensor, dict]:
-    """Clipped value loss, token-mean with the same normaliser semantics as `policy_loss`:
-
-        v_clip = old + clip(v - old, -clip, clip)
-        l_t    = 0.5 * max((v - R)^2, (v_clip - R)^2)          (clip=None: 0.5 (v - R)^2)
-
-    Metrics: clip_frac (the clipped error is the larger one), value_mean, return_mean (masked).
-    """
-    m = mask.bool()
-    values, old_values, returns = (x.to(_float(x.dtype)) for x in (values, old_values, returns))
-    v, old, ret = _keep(values, m), _keep(old_values, m).detach(), _keep(returns, m).detach()
-    err = (v - ret) ** 2
-    err_clip = err if clip is None else (old + (v - old).clamp(-clip, clip) - ret) ** 2
-    loss = aggregate(0.5 * torch.maximum(err, err_clip), mask, "token-mean", normalizer)
-    with torch.no_grad():
-        metrics = {"clip_frac": masked_mean((err_clip > err).to(v.dtype), m), "value_mean": masked_mean(v.detach(), m),
-                   "return_mean": masked_mean(ret, m)}
-    return loss, metrics
-
-
-def kl_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, kind: str = "k3", agg: str = "token-mean",
-            normalizer=None) -> Tensor:
-    """kl_penalty(logp, ref_logp, kind) aggregated exactly like the policy loss (same `agg` and
-    normaliser, as verl does), so the KL's weight relative to the policy loss does not change with
-    the aggregation: the GRPO-style KL term (paper: coefficient 0.001, k3). Mask-0 entries are never read."""
-    m = mask.bool()
-    logp, ref_logp = logp.to(_float(logp.dtype)), ref_logp.to(_float(ref_logp.dtype))
-    k = kl_penalty(_keep(logp, m), _keep(ref_logp, m).detach(), kind)
-    return aggregate(k, mask, agg, normalizer)

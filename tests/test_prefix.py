@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, 
 import algorithms as A
 import batch as B
 import config as configs
+import losses
 from infra import passes as P
 from infra import prefix
 import train
@@ -179,7 +180,7 @@ def run_update(algo: str, dtype, checkpointing: bool, shared: bool, base, critic
     old = None if algo == "grpo" else B.score(models["policy"], batch, micro, 1.0) - 0.05 * mask
     values = B.score(models["critic"], batch, micro, 1.0, value=True) if algo == "ppo" else None
     kl_in_reward = algo == "reinforce++"
-    token_kl = A.kl_penalty(old, ref_lp, "k3") * mask if kl_in_reward else None
+    token_kl = losses.kl_penalty(old, ref_lp, "k3") * mask if kl_in_reward else None
     adv, returns = A.advantages("gae" if algo == "ppo" else algo, rewards, mask, groups, values=values,
                                 token_kl=token_kl, kl_coef=cfg.kl_coef if kl_in_reward else 0.0)
     opts = {k: Recorder(m) for k, m in models.items()}

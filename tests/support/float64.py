@@ -1,5 +1,5 @@
-"""Helpers of the hand-value tests of algorithms.py (tests/test_algorithms.py, tests/test_losses.py):
-float64 as the default dtype inside a test, a tensor maker and a tight comparison."""
+"""Helpers of the hand-value tests of algorithms.py, losses.py and masked.py (tests/test_algorithms.py,
+tests/test_losses.py): float64 as the default dtype inside a test, a tensor maker and a tight comparison."""
 import pytest
 import torch
 
