@@ -46,8 +46,8 @@ from pathlib import Path
 import envs
 import framing as framings
 import recipes
-from config import (SMALL_MODELS, compute_dtype, doc, flags, gpu_shortage, local_ranks, pick_device, same,
-                    visible_gpus)
+from checks import compute_dtype, gpu_shortage, local_ranks, pick_device, visible_gpus
+from config import SMALL_MODELS, doc, flags, same
 from envs import agentgym
 from engine import make_engine, vllm_available
 from infra.distributed import print0, setup_distributed

@@ -8,13 +8,12 @@
 The fast paths of the update (`shared_prefix`, `fused_head`: the same gradient, less time or memory) are
 off by default, so a reader's first path is the plain one; the smollm2 and paper presets turn them on.
 `config.preset(name, env)` makes the Config; `--preset NAME` on the command line starts from it and the
-flags given override it. The numbers in each docstring come from measured runs (docs/results.md).
+flags given override it. Only `smollm2` looks an environment up (whether it has an expert to imitate). The numbers in each docstring come from measured runs (docs/results.md).
 """
 from __future__ import annotations
 
 import json
 
-from envs import env_class
 
 def cpu(env: str | None = None) -> dict:
     """A few minutes on a laptop CPU with the tiny model: the machinery, not learning."""
@@ -39,6 +38,8 @@ def smollm2(env: str | None = None) -> dict:
         return miniwob_recipe()
     if env == "sciworld":
         return sciworld_recipe()
+    from envs import env_class  # here, not above: reading the other presets loads no environment
+
     demos = 400 if hasattr(env_class(env), "expert") else 0  # an env without an expert: RL alone
     return dict(env=env, env_options='{"brief": true}' if env == "babyai" else "{}", model="smollm2", algo="grpo",
                   steps=12, tasks_per_step=8, samples_per_task=4, horizon="6,8@6", max_tokens=40, max_context=2048,

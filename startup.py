@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import checks
 import config as configs
 import envs
 import warmstart
@@ -34,7 +35,7 @@ from studies import Studies
 class Run:
     """What a training step reads and keeps: built once per rank by `setup`."""
     cfg: configs.Config
-    d: configs.Derived
+    d: checks.Derived
     rank: int
     world: int
     out: Path
@@ -77,9 +78,9 @@ def setup(argv) -> Run:
     run the warm start when there is one."""
     cfg = configs.parse(argv)
     world_guess = int(os.environ.get("WORLD_SIZE", 1))
-    problem = configs.check(cfg, world_guess) or configs.writable(configs.derive(cfg).out)
+    problem = checks.check(cfg, world_guess) or checks.writable(checks.derive(cfg).out)
     if not problem:  # a rank's planned peak against what it can have (memplan.py): adapt, or stop here
-        d = configs.derive(cfg)
+        d = checks.derive(cfg)
         cfg, memory, problem = memplan.check_run(cfg, world_guess, d.device, d.dtype, d.algo.critic)
     if problem:  # before any model, engine or simulator starts
         print(f"error: {problem}", file=sys.stderr)
@@ -153,7 +154,7 @@ def setup(argv) -> Run:
                              compile=cfg.compile_generator)
     env_pool = [envs.make(cfg.env, **d.env_options) for _ in range(per_rank)]
     train_ids, val_ids = env_pool[0].tasks("train"), env_pool[0].tasks("val")[:cfg.eval_tasks] if cfg.eval_every else []
-    if cfg.tasks_file:  # AgentGym-RL's task list instead of the train split (checked in config.check)
+    if cfg.tasks_file:  # AgentGym-RL's task list instead of the train split (checked in checks.check)
         train_ids = task_ids(cfg.tasks_file, cfg.env, d.env_options)
         print0(f"training on the {len(train_ids)} tasks of {cfg.tasks_file}")
     if resume_from:  # after the engine's start-up, which re-seeds torch's global generator

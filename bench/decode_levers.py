@@ -55,7 +55,7 @@ def load() -> str:
 def main(args) -> int:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
-    import config
+    import checks
     from bench.generate import _kv_bytes, _weight_bytes
     from bench.machine import bandwidth, cpu_name
     from infra.decode import TorchEngine
@@ -65,7 +65,7 @@ def main(args) -> int:
     torch.set_num_threads(args.threads)
     load_before = load()
     model_dir = resolve_model("smollm2")
-    dtype = config.compute_dtype(args.dtype, "cpu", "smollm2")
+    dtype = checks.compute_dtype(args.dtype, "cpu", "smollm2")
     bw = bandwidth(args.threads)
     weights = _weight_bytes(model_dir, dtype)
     context = args.prompt + args.new / 2

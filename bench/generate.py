@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         return compare(args, [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--compare"])
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
-    import config
+    import checks
     from engine import make_engine
     from models import resolve_model
 
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     bw = {"rank": bandwidth(args.threads), "all": bandwidth(cores)}
     torch.set_num_threads(args.threads)
     model_dir = resolve_model("smollm2")
-    dtype = config.compute_dtype(args.dtype, "cpu", "smollm2")
+    dtype = checks.compute_dtype(args.dtype, "cpu", "smollm2")
     start = time.perf_counter()
     engine = make_engine(model_dir, "vllm", "cpu", dtype, 2048, 0, max_seqs=args.batch,
                          compile="on" if args.mode == "compiled" else "off", kv_cache_dtype=args.kv_cache_dtype)

@@ -167,6 +167,7 @@ def metrics(run: Path) -> list[dict]:
 
 def planned_gb(run: Path, device: str) -> float | None:
     """memplan's planned peak for a finished run's config, on `device`, in GB (None if it cannot say)."""
+    import checks
     import config
     from infra import memplan
     path = run / "config.json"
@@ -174,7 +175,7 @@ def planned_gb(run: Path, device: str) -> float | None:
         return None
     cfg = config.Config(**{k: v for k, v in json.loads(path.read_text()).items()
                            if k in {f.name for f in config.fields(config.Config)}})
-    dtype = config.compute_dtype(cfg.dtype, device, cfg.model)
+    dtype = checks.compute_dtype(cfg.dtype, device, cfg.model)
     return memplan.peak(memplan.rank_plan(cfg, 1, device, dtype)) / memplan.GB
 
 

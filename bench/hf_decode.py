@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, StaticCache
 
-    import config
+    import checks
     from models import resolve_model
     from bench.generate import _kv_bytes, _weight_bytes
 
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     cores = os.cpu_count() or 1
     bw = bandwidth(args.threads)
     model_dir = resolve_model(args.model)
-    dtype = config.compute_dtype(args.dtype, "cpu", "smollm2")
+    dtype = checks.compute_dtype(args.dtype, "cpu", "smollm2")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), attn_implementation=args.attn)
     model.eval()
     bound = 1000 * (_weight_bytes(model_dir, dtype) + _kv_bytes(model_dir, dtype, args.batch, args.prompt)) / (bw * 1e9)

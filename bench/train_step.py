@@ -66,6 +66,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import algorithms as A  # noqa: E402
+import checks  # noqa: E402
 import config as configs  # noqa: E402
 import batch as batch_  # noqa: E402
 from infra import distributed, passes  # noqa: E402
@@ -250,7 +251,7 @@ def main() -> None:
     if args.on_policy and args.algo.startswith("reinforce++") and args.kl_coef > 0:
         raise SystemExit("error: --on-policy with reinforce++ and a KL term: its in-reward KL needs the old "
                          "logprobs before the update (train.py scores them then too); drop --on-policy")
-    d = configs.derive(cfg)
+    d = checks.derive(cfg)
     rank, world = distributed.setup_distributed("cpu")
     torch.manual_seed(rank)
     from torch.distributed.device_mesh import init_device_mesh

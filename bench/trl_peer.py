@@ -11,7 +11,7 @@ suppressed until then: TRL's `min_new_tokens`, vLLM's `min_tokens`); a hash of t
 as reward (`reward`: cheap, deterministic, distinct for distinct completions, so no row has a zero
 advantage); GRPO without KL; one optimizer step per generation batch (on-policy: no old-logprob pass on
 either side); micro-batches of `--micro` sequences; activation checkpointing on, off or both. The dtype
-is the project's choice for the CPU (`config.compute_dtype`: bfloat16 with AMX-BF16 or AVX512-BF16,
+is the project's choice for the CPU (`checks.compute_dtype`: bfloat16 with AMX-BF16 or AVX512-BF16,
 else float32): bfloat16 is fp32 weights and AdamW with bf16 compute on both sides (TRL: `bf16=True`,
 autocast; ours: FSDP2's mixed precision).
 
@@ -270,10 +270,10 @@ def main() -> None:
         raise SystemExit(f"error: no TRL venv at {args.venv}; create it with `python bench/trl_peer.py --install`")
 
     sys.path.insert(0, str(ROOT))
-    import config as configs
+    import checks
     from models import resolve_model
 
-    dtype = configs.compute_dtype(args.dtype, "cpu", "smollm2")
+    dtype = checks.compute_dtype(args.dtype, "cpu", "smollm2")
     load = os.getloadavg()[0]
     if load > 0.5:
         print(f"# warning: load average {load:.1f} before the start: other work shares the cores, and the figures "

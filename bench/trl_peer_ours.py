@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import batch as batch_  # noqa: E402
+import checks  # noqa: E402
 import config as configs  # noqa: E402
 from infra import distributed, passes  # noqa: E402
 from engine import make_engine, vllm_available  # noqa: E402
@@ -83,7 +84,7 @@ def main() -> None:
                          checkpointing=args.checkpointing, shared_prefix=shared, fused_head=True, lr=1e-6,
                          grad_reduce=args.grad_reduce,
                          tasks_per_step=args.prompts, samples_per_task=args.samples)
-    d = configs.derive(cfg)
+    d = checks.derive(cfg)
     policy = distributed.shard(AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32),
                                init_device_mesh("cpu", (world,)), args.dtype, args.checkpointing)
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

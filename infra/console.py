@@ -170,7 +170,7 @@ def quiet():
 
 def summary(cfg, d, world: int) -> list[str]:
     """The config in a few lines for the start of a run: what is trained, on which batches and turn
-    budgets, where. `d` is config.derive(cfg)."""
+    budgets, where. `d` is checks.derive(cfg)."""
     kl = "no KL term"
     if cfg.kl_coef:
         kl = f"KL {cfg.kl_coef:g} ({cfg.kl_kind}, " + ("in the reward)" if d.algo.kl == "reward" else "loss)")

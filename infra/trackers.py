@@ -10,7 +10,7 @@ at start. Each writes into the run folder and stays local:
 
 What they print (banners, "run synced" notes) goes to RUN_DIR/trackers.log, not to the console: the console
 is the run's own lines (infra/console.py). tensorboard is pinned (requirements.txt); wandb and trackio are
-installed by whoever wants them, and `config.check` refuses a named tracker whose package is missing before
+installed by whoever wants them, and `checks.check` refuses a named tracker whose package is missing before
 anything heavy starts.
 
 Test: python -m pytest tests/test_trackers.py
@@ -29,7 +29,7 @@ PROJECT = "agentgym-rl-mini"  # wandb's and trackio's project; the run is named 
 
 def chosen(report_to: str) -> list[str]:
     """The trackers `report_to` names; ValueError naming the fix for an unknown name or a tracker whose package
-    is not installed. Packages are looked up, not imported (config.check runs it before anything heavy)."""
+    is not installed. Packages are looked up, not imported (checks.check runs it before anything heavy)."""
     names = {name.strip() for name in report_to.split(",") if name.strip()}
     unknown = sorted(names - {*PACKAGES, "all", "none"})
     if unknown:

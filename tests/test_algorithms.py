@@ -271,12 +271,13 @@ def test_invalid_inputs_raise_clear_errors():
 
 
 def test_each_algo_is_one_record_that_config_and_the_trainer_read():
+    import checks
     import config
     assert {a.estimator for a in A.ALGOS.values()} == set(A.ESTIMATORS)
     assert [n for n, a in A.ALGOS.items() if a.critic] == ["ppo"]
     assert sorted(n for n, a in A.ALGOS.items() if a.kl == "reward") == ["reinforce++", "reinforce++_baseline"]
     assert [n for n, a in A.ALGOS.items() if a.states] == ["gigpo"]
     for name, algo in A.ALGOS.items():
-        assert config.derive(config.parse(["--algo", name])).algo is algo
-        problem = config.check(config.parse(["--algo", name, "--samples-per-task", "1"]), 1)
+        assert checks.derive(config.parse(["--algo", name])).algo is algo
+        problem = checks.check(config.parse(["--algo", name, "--samples-per-task", "1"]), 1)
         assert ("--samples-per-task 2" in (problem or "")) == algo.grouped, (name, problem)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import checks
 import config
 from infra import console
 
@@ -54,7 +55,7 @@ def test_summary_is_short_and_names_the_key_fields():
             (config.parse(["--preset", "smollm2", "--env", "babyai"]), 2),
             (config.parse(["--preset", "paper", "--env", "sciworld", "--algo", "reinforce++"]), 8)]
     for cfg, world in runs:
-        d = config.derive(cfg)
+        d = checks.derive(cfg)
         lines = console.summary(cfg, d, world)
         assert 3 <= len(lines) <= 7, lines
         assert all(len(line) <= 100 and "\n" not in line for line in lines), lines

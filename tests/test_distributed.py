@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import algorithms as A
+import checks
 import config as configs
 from infra import distributed, peaks
 import train
@@ -82,7 +83,7 @@ def _collectives(rank):
     full, mine = batch_for(rank)
     for algo in ("grpo", "rloo", "reinforce++", "reinforce++_baseline"):
         cfg = configs.Config(algo=algo, kl_coef=0.0)
-        d = configs.derive(cfg)
+        d = checks.derive(cfg)
         adv, _ = train.global_advantages(cfg, d, mine, None, None)
         ref, _ = A.advantages(algo, full["rewards"], full["mask"], full["groups"])
         share = slice(rank * 4, (rank + 1) * 4)

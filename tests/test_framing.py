@@ -5,7 +5,7 @@
 - token-exact bookkeeping: the canned assistant turn lies in the prompt with loss mask 0 in the trained
   batch, and the mask is 1 on exactly the tokens the engine sampled;
 - instruction files replace the env's wording; TextCraft drops its worked example in this style;
-- config.check and evaluate.check turn bad prompt styles, instruction files and task files into
+- checks.check and evaluate.check turn bad prompt styles, instruction files and task files into
   one-line errors before anything heavy starts.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+import checks
 import config as configs
 import engine as engines
 import evaluate as E
@@ -110,13 +111,13 @@ def test_bad_paper_mode_flags_are_one_line_errors(tmp_path):
              (["--env", "babyai", "--tasks-file", str(tasks)], "names 'textcraft'")]
     for argv, message in cases:
         out = ["--out", str(tmp_path / "eval")]
-        for problem in (configs.check(configs.parse(argv + out), 1), E.check(E.parse(argv + out))):
+        for problem in (checks.check(configs.parse(argv + out), 1), E.check(E.parse(argv + out))):
             assert problem is not None and message in problem and "\n" not in problem, (argv, problem)
     out = ["--out", str(tmp_path / "eval")]
     assert E.check(E.parse(["--tasks", "1", "--tasks-file", str(tasks)] + out)).startswith("--tasks and --tasks-file")
     good = tmp_path / "babyai_test.json"
     good.write_text(json.dumps([{"item_id": "babyai_7"}, {"item_id": "babyai_90"}]))
     cfg = E.parse(["--env", "babyai", "--tasks-file", str(good), "--prompt-style", "agentgym"] + out)
-    assert configs.check(configs.parse(["--env", "babyai", "--tasks-file", str(good)] + out), 1) is None
+    assert checks.check(configs.parse(["--env", "babyai", "--tasks-file", str(good)] + out), 1) is None
     assert E.check(cfg) is None and E.select_tasks(cfg, None) == [7, 90]
     assert E.derive(cfg).env_options == {"parser": "agentgym"} and E.derive(cfg).framing.style == "agentgym"

@@ -13,6 +13,7 @@ import threading
 import pytest
 import torch
 
+import checks
 import config
 import engine
 import evaluate
@@ -30,35 +31,35 @@ def gpus(monkeypatch, n: int):
                                                 (2, 4, "cuda")])
 def test_auto_takes_the_gpus_only_when_every_rank_has_one(ranks, count, want):
     # each rank calls set_device(LOCAL_RANK): 2 ranks on 1 GPU died with "invalid device ordinal"
-    assert config.pick_device("auto", ranks, count) == want
-    assert config.pick_device("cpu", ranks, count) == "cpu"
+    assert checks.pick_device("auto", ranks, count) == want
+    assert checks.pick_device("cpu", ranks, count) == "cpu"
 
 
 def test_derive_runs_two_ranks_on_the_cpu_of_a_one_gpu_node(monkeypatch):
     gpus(monkeypatch, 1)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert config.derive(config.parse(["--env", "textcraft"])).device == "cpu"
+    assert checks.derive(config.parse(["--env", "textcraft"])).device == "cpu"
     assert evaluate.derive(evaluate.parse(["--env", "textcraft"])).device == "cpu"
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    assert config.derive(config.parse(["--env", "textcraft"])).device == "cuda"
+    assert checks.derive(config.parse(["--env", "textcraft"])).device == "cuda"
 
 
 def test_explicit_cuda_with_too_few_gpus_is_one_line_naming_the_fix(monkeypatch):
     gpus(monkeypatch, 1)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    problem = config.check(config.parse(["--env", "textcraft", "--device", "cuda"]), 2)
+    problem = checks.check(config.parse(["--env", "textcraft", "--device", "cuda"]), 2)
     assert problem and "--nproc_per_node 1" in problem and "\n" not in problem
     problem = evaluate.check(evaluate.parse(["--env", "textcraft", "--device", "cuda"]))
     assert problem and "--nproc_per_node 1" in problem
     gpus(monkeypatch, 0)
-    assert "no GPU" in config.check(config.parse(["--env", "textcraft", "--device", "cuda"]), 2)
+    assert "no GPU" in checks.check(config.parse(["--env", "textcraft", "--device", "cuda"]), 2)
 
 
 def test_the_tiny_model_stays_float32_on_a_gpu():
-    # config's own rule: the tiny model tests the machinery at float32 precision, on every device
-    assert config.compute_dtype("auto", "cuda", "tiny") == "float32"
-    assert config.compute_dtype("auto", "cuda", "smollm2") == "bfloat16"
-    assert config.compute_dtype("bfloat16", "cuda", "tiny") == "bfloat16"  # an explicit choice stands
+    # checks' own rule: the tiny model tests the machinery at float32 precision, on every device
+    assert checks.compute_dtype("auto", "cuda", "tiny") == "float32"
+    assert checks.compute_dtype("auto", "cuda", "smollm2") == "bfloat16"
+    assert checks.compute_dtype("bfloat16", "cuda", "tiny") == "bfloat16"  # an explicit choice stands
 
 
 def test_vllm_runs_in_process_even_when_the_environment_says_otherwise(monkeypatch):
@@ -75,7 +76,7 @@ def test_gpu_memory_utilization_is_a_checked_flag_the_plan_uses(monkeypatch):
     plan = memplan.rank_plan(cfg, 1, "cuda", "bfloat16")
     assert plan["rollout"]["generator (awake)"] == pytest.approx(0.3 * 80 * GB)
     for bad in ("0", "1.2"):
-        problem = config.check(config.parse(["--env", "textcraft", "--gpu-memory-utilization", bad]), 1)
+        problem = checks.check(config.parse(["--env", "textcraft", "--gpu-memory-utilization", bad]), 1)
         assert problem and problem.startswith("--gpu-memory-utilization")
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import checks
 import config as configs
 from infra import lora, memplan
 from models import resolve_model
@@ -110,4 +111,4 @@ def test_memplan_counts_the_adapters_peft_creates():
 ])
 def test_a_broken_lora_flag_is_one_line_naming_the_fix(flags, message):
     cfg = configs.parse(["--model", "tiny", "--lora-rank", "4", *flags])
-    assert message in (configs.check(cfg, 1) or "")
+    assert message in (checks.check(cfg, 1) or "")

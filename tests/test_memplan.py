@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import checks
 import config
 from infra import lifeline
 from infra import memplan
@@ -130,13 +131,13 @@ def test_settings_follow_the_model(tmp_path):
     assert cfg.preset == "smollm2" and cfg.lr == config.preset("smollm2").lr and cfg.micro_tokens == 2048
     assert config.parse([]).preset == "cpu" and config.parse([]).lr == 1e-3
     no_expert = config.parse(["--model", "smollm2", "--env", "textcraft"])  # an env without an expert: RL alone
-    assert no_expert.bc_episodes == 0 and config.check(no_expert, 2) is None
-    refused = config.check(config.parse(["--model", "smollm2", "--preset", "cpu"]), 1)
+    assert no_expert.bc_episodes == 0 and checks.check(no_expert, 2) is None
+    refused = checks.check(config.parse(["--model", "smollm2", "--preset", "cpu"]), 1)
     assert "--preset smollm2" in refused and "tiny" in refused
     other = tmp_path / "model"
     other.mkdir()
     (other / "config.json").write_text('{"model_type": "llama"}')
-    problem = config.check(config.parse(["--model", str(other)]), 1)
+    problem = checks.check(config.parse(["--model", str(other)]), 1)
     assert problem and "--preset smollm2" in problem and "--preset paper" in problem
 
 
@@ -165,7 +166,7 @@ def test_cause_reads_like_a_diagnosis():
 
 def test_the_critic_is_planned_from_the_algorithm_record_not_its_name():
     """memplan never tests an --algo name: the caller says whether a value model trains (algorithms.Algo.critic),
-    as startup does from config.derive(cfg).algo."""
+    as startup does from checks.derive(cfg).algo."""
     from algorithms import ALGOS
 
     cfg = dataclasses.replace(config.Config(), algo="ppo", device="cpu")

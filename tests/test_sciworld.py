@@ -33,7 +33,8 @@ import config
 import schedule as schedules
 from models import tiny
 import warmstart
-from config import Config, check
+from checks import check
+from config import Config
 from envs import Env, agentgym_action, make, parse_action
 from envs.sciworld import CODES, NUM_TASKS, OFFSETS, TASK_TYPES, SciWorld, chosen_kinds, split_ids
 from rollout import ChatFormat

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import checks
 import config
 from infra import trackers
 
@@ -140,12 +141,12 @@ def test_trackers_print_nothing_on_the_console(tmp_path_factory):
 
 
 def test_an_unknown_or_missing_tracker_is_refused_in_one_line_with_the_fix(monkeypatch):
-    problem = config.check(config.Config(report_to="tensorboard,mlflow"), world=2)
+    problem = checks.check(config.Config(report_to="tensorboard,mlflow"), world=2)
     assert problem.startswith("unknown --report-to 'mlflow'") and "tensorboard, wandb, trackio" in problem
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    problem = config.check(config.Config(report_to="tensorboard, wandb"), world=2)
+    problem = checks.check(config.Config(report_to="tensorboard, wandb"), world=2)
     assert problem == "--report-to wandb needs the wandb package: pip install wandb"
     assert "wandb" not in trackers.chosen("all") and "tensorboard" in trackers.chosen("all")
-    assert config.check(config.Config(report_to="all"), world=2) is None
+    assert checks.check(config.Config(report_to="all"), world=2) is None
     assert trackers.chosen("none") == [] and config.Config().report_to == "none"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import checks
 import config
 from config import Config
 
@@ -56,18 +57,28 @@ def metrics(out):
     (Config(checkpoint_format="zip"), "--checkpoint-format"),
 ])
 def test_config_check_names_the_fix(cfg, needle):
-    problem = config.check(cfg, world=2)
+    problem = checks.check(cfg, world=2)
     assert problem is not None and needle in problem and "\n" not in problem
 
 
 def test_config_default_is_valid_and_presets_apply():
-    assert config.check(Config(), world=2) is None
+    assert checks.check(Config(), world=2) is None
     # imitation only (the time-matched control of RL): no RL step after a warm start is a valid run
-    assert config.check(Config(env="babyai", steps=0, bc_episodes=4, bc_seconds=60), world=2) is None
+    assert checks.check(Config(env="babyai", steps=0, bc_episodes=4, bc_seconds=60), world=2) is None
     cfg = config.parse(["--preset", "paper", "--env", "babyai", "--lr", "2e-6"])
     assert (cfg.model, cfg.horizon, cfg.tasks_per_step, cfg.samples_per_task) == ("Qwen/Qwen2.5-7B-Instruct", "6,13,20@100", 32, 4)
     assert cfg.lr == 2e-6 and cfg.kl_coef == 0.001
     assert config.parse(["--no-grpo-std"]).grpo_std is False
+
+
+def test_config_is_a_leaf():
+    """Reading a run's settings (config.py, recipes.py's presets) loads no torch, model, engine, environment,
+    tracker or memory plan: those are checks.py's, and the set-up's."""
+    heavy = ("torch", "transformers", "engine", "envs", "infra.memplan", "infra.trackers", "algorithms", "checks")
+    code = ("import sys, config, recipes; config.parse([]); config.parse(['--preset', 'paper', '--env', 'babyai']); "
+            f"config.preset('smollm2', 'miniwob'); print([m for m in {heavy!r} if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
 
 
 def test_bad_config_stops_before_start_up_with_one_line(tmp_path):
@@ -242,7 +253,7 @@ def test_held_back_steps_keep_the_weights_and_the_gpu_engine_generating(tmp_path
 
 def test_in_training_evaluation_without_a_validation_split_is_refused_before_start_up():
     cfg = config.parse(["--env", "webarena", "--env-options", '{"configs": "webarena"}', "--eval-every", "2"])
-    problem = config.check(cfg, 1)
+    problem = checks.check(cfg, 1)
     assert problem and "--eval-every 0" in problem and "\n" not in problem
 
 
