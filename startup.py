@@ -54,7 +54,6 @@ class Run:
     start: int                   # the first step this process runs (after a resume)
     log: RunLog | None           # rank 0's metrics, plots and progress bar
     studies: Studies | None = None  # the project's studies beside the method, off by default (studies.py)
-    adapters: object = None      # the policy's peft.LoraConfig under --lora-rank (infra/lora.py)
     spent: float = 0.0           # seconds of training steps in this process (--rl-seconds)
 
     @property
@@ -163,7 +162,7 @@ def setup(argv) -> Run:
     run = Run(cfg=cfg, d=d, rank=rank, world=world, out=out, models=models, ref=ref, optimizers=optimizers,
               schedulers=schedulers, engine=engine, env_pool=env_pool, make_env=lambda: envs.make(cfg.env, **d.env_options),
               threads=threads, chat=chat, tokenizer=tokenizer, train_ids=train_ids, val_ids=val_ids, start=start,
-              log=RunLog(out, cfg.steps, start, d.schedule) if rank == 0 else None, adapters=adapters)
+              log=RunLog(out, cfg.steps, start, d.schedule) if rank == 0 else None)
     if cfg.bc_episodes and not resume_from and not warm_done:
         with peaks.phase("warmstart"):
             engine.sleep()  # the GPU memory it holds is the warm start's; sync() reloads the weights

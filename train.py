@@ -300,7 +300,7 @@ def save(run: Run, step: int) -> None:
     try:
         with peaks.phase("save"):  # its peak is in the next step's metrics and the run's last line
             checkpoint.save(root, step + 1, run.models, run.optimizers, run.tokenizer, run.rank, run.world,
-                            run.cfg.keep, run.d.sharded, getattr(torch, run.d.dtype), run.adapters)
+                            run.cfg.keep, run.d.sharded, getattr(torch, run.d.dtype))
     except checkpoint.CheckpointError as exc:  # raised on every rank alike: all stop, none waits
         if run.rank == 0:
             print(f"\nerror: {exc}; {checkpoint.latest(root) or 'no earlier checkpoint'} is intact. "

@@ -208,8 +208,7 @@ def run(run, warm_dir) -> None:
     del optimizer
     with peaks.phase("warmstart.save"):
         if lora.active(policy):  # the imitated adapters become the base, so the KL's reference (adapters off)
-            lora.fold_into_base(policy)  # and a resumed run's base are the warm start (infra/lora.py)
-            run.adapters.base_model_name_or_path = str(warm_dir)
+            lora.fold_into_base(policy, str(warm_dir))  # and a resumed run's base are the warm start (infra/lora.py)
         checkpoint.save_model(warm_dir, policy, tokenizer, run.rank)
         if ref is not None and not isinstance(ref, lora.Base):
             with torch.no_grad():

@@ -197,10 +197,10 @@ def _hf_state(model, rank: int) -> dict:
 
 
 def save(root: str | Path, step: int, models: dict, optimizers: dict, tokenizer, rank: int, world: int,
-         keep: int = 2, sharded: bool = False, dtype: torch.dtype = torch.float32, adapters=None) -> Path:
+         keep: int = 2, sharded: bool = False, dtype: torch.dtype = torch.float32) -> Path:
     """Collective: every rank calls it. Returns the checkpoint directory. `sharded`: model and optimizer
     state through torch.distributed.checkpoint (each rank writes its shard), the HF directories in `dtype`.
-    `adapters`: the policy's peft.LoraConfig under LoRA, whose adapters go to `adapter/` in PEFT's format."""
+    A policy with LoRA adapters (infra/lora.py) also writes them to `adapter/` in PEFT's format."""
     root = Path(root)
     name = f"step_{step:06d}"
     tmp = root / f".{name}.tmp"
@@ -226,8 +226,8 @@ def save(root: str | Path, step: int, models: dict, optimizers: dict, tokenizer,
                 writes(model.save_pretrained, tmp / key, state_dict=state)
                 writes(torch.save, optim, tmp / f"optim_{key}.pt")
             del state, optim
-        if adapters is not None and key == "policy":  # what a resume loads onto the base (policy/ is merged)
-            writes(lora.save_adapter, tmp / "adapter", model, adapters, rank, collective=True)
+        if key == "policy" and lora.active(model):  # what a resume loads onto the base (policy/ is merged)
+            writes(lora.save_adapter, tmp / "adapter", model, rank, collective=True)
     faults.point("checkpoint_write")
     writes(torch.save, {"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / f"rng_rank{rank}.pt")
     if rank == 0:

@@ -24,6 +24,7 @@ Test: tests/test_lora.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -45,7 +46,8 @@ def config(rank: int, alpha: float, dropout: float, targets: str, base: str = ""
 
 
 def inject(model, lora) -> None:
-    """Adapters into `model`'s target layers, in place (on the meta device too), A seeded by name, B = 0."""
+    """Adapters into `model`'s target layers, in place (on the meta device too), A seeded by name, B = 0.
+    PEFT keeps `lora` on the model (`config_of`): the one record of the adapters from then on."""
     import peft
     peft.inject_adapter_in_model(lora, model)
     if next(model.parameters()).device.type != "meta":
@@ -64,6 +66,11 @@ def layers(model) -> list:
 
 def active(model) -> bool:
     return any(_adapted(m) for m in model.modules())
+
+
+def config_of(model):
+    """The peft.LoraConfig of `model`'s adapters, as PEFT's injection left it on the model (`peft_config`)."""
+    return model.peft_config["default"]
 
 
 def train_only_adapters(model) -> None:
@@ -128,14 +135,17 @@ def hf_tensors(model, dtype: torch.dtype):
             yield plain, _full(t.detach().to(dtype))
 
 
-def fold_into_base(model) -> None:
+def fold_into_base(model, base: str) -> None:
     """W <- W + s B A in every adapted layer, then the adapters reset: the model computes the same function,
-    and switching the adapters off now gives this model (after the warm start: the KL's reference, RL's start)."""
+    and switching the adapters off now gives this model (after the warm start: the KL's reference, RL's start).
+    The adapters' config names `base` (where this model is saved) as their base from now on: a new config
+    replaces the old one, which is left as it was."""
     with torch.no_grad():
         for _, layer in layers(model):
             w = layer.get_base_layer().weight
             _assign(w, _full(w).float() + _delta(layer))
     reset(model)
+    model.peft_config = {**model.peft_config, "default": dataclasses.replace(config_of(model), base_model_name_or_path=base)}
 
 
 @contextlib.contextmanager
@@ -174,11 +184,11 @@ def adapter_state(model) -> dict:
             for name, t in model.state_dict().items() if ".lora_" in name}
 
 
-def save_adapter(directory: Path, model, lora, rank: int) -> None:
+def save_adapter(directory: Path, model, rank: int) -> None:
     """Collective: the adapters as PEFT saves them (adapter_config.json and adapter_model.safetensors), by rank 0."""
     from safetensors.torch import save_file
 
-    state = adapter_state(model)
+    state, lora = adapter_state(model), config_of(model)
     if rank == 0:
         directory.mkdir(parents=True, exist_ok=True)
         save_file(state, str(directory / ADAPTER_FILE))

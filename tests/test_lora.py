@@ -104,6 +104,23 @@ def test_memplan_counts_the_adapters_peft_creates():
     assert sum(small.values()) < sum(full.values())
 
 
+def test_the_adapters_config_is_read_from_the_model_and_folding_names_a_new_base(tmp_path):
+    """One record of the adapters: the LoraConfig PEFT keeps on the model. Folding them into the base (the warm
+    start) names the new base in a new config, the old one left as it was, and a saved adapter says so."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model("tiny"), dtype=torch.float32)
+    asked = lora.config(4, 8.0, 0.0, lora.TARGETS, "the-base")
+    lora.inject(model, asked)
+    assert lora.config_of(model) is asked
+    lora.fold_into_base(model, "the-warm-start")
+    assert asked.base_model_name_or_path == "the-base"
+    assert lora.config_of(model).base_model_name_or_path == "the-warm-start" and lora.config_of(model).r == 4
+    lora.save_adapter(tmp_path / "adapter", model, rank=0)
+    saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == "the-warm-start" and saved["target_modules"] == sorted(asked.target_modules)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--train-layers", "1"], "--lora-rank and --train-layers are two ways"),
     (["--lora-targets", "q_proj,wq"], "--lora-targets: wq not a linear layer"),
