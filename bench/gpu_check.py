@@ -4,7 +4,7 @@ that depend on them. What the CPU tests cannot show, because CUDA does not run o
     python bench/gpu_check.py --device cuda --out /tmp/gpu_check.json     # bench/gpu_run.py setup runs this first
     python bench/gpu_check.py --device cpu                                 # the dry run: CUDA-only checks skipped
 
-1. sampler: `decode.uniform` on the device's int64 tensors equals splitmix64 in Python's exact integers
+1. sampler: `decode_sampling.uniform` on the device's int64 tensors equals its `splitmix64` in Python's integers
    (the tests check the CPU's wrapping multiplication; this checks CUDA's);
 2. graphs: the same greedy tokens, and the same seeded samples, with CUDA graphs on and off, and the
    engine did capture;
@@ -14,7 +14,7 @@ that depend on them. What the CPU tests cannot show, because CUDA does not run o
 4. capture: a capture invalidated by a sync inside the step leaves the caller's stream current, a later
    capture on the same stream works, and reserved memory comes back; the engine given one failed capture
    decodes the same tokens and captures on its next call. Then, for the record, whether torch.cuda.graph
-   itself leaves the capture stream current after such a failure (what decode.capture avoids).
+   itself leaves the capture stream current after such a failure (what decode_cuda.capture avoids).
 
 Each check is "ok", "FAILED" or "skipped: <why>", with its figures, printed and written to --out (JSON);
 the exit code is 1 if any failed. Random weights of SmolLM2-135M's shape (bench/decode_loop.py), in bfloat16
@@ -37,26 +37,17 @@ from torch.nn.attention import SDPBackend  # noqa: E402
 
 import engine as engines  # noqa: E402
 from bench.decode_loop import SMOLLM2, device_name  # noqa: E402
-from infra import decode  # noqa: E402
+from infra import decode, decode_cuda  # noqa: E402
+from infra.decode_sampling import splitmix64, uniform  # noqa: E402
 
 NO_CUDA = "skipped: no CUDA on this machine"
-
-
-def splitmix64(seed: int, position: int) -> float:
-    """The reference in Python's exact integers (as tests/test_decode.py's)."""
-    m = (1 << 64) - 1
-    x = (seed + position * 0x9E3779B97F4A7C15) & m
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
-    x ^= x >> 31
-    return (x >> 40) / 2**24
 
 
 def check_sampler(device: str) -> dict:
     gen = torch.Generator().manual_seed(0)
     seeds = [0, 1, 2**63 - 1, 2**62 + 12345] + torch.randint(0, 2**62, (2044,), generator=gen).tolist()
     positions = [0, 70000, 4095, 1] + torch.randint(0, 8192, (2044,), generator=gen).tolist()
-    got = decode.uniform(torch.tensor(seeds, device=device), torch.tensor(positions, device=device)).cpu().tolist()
+    got = uniform(torch.tensor(seeds, device=device), torch.tensor(positions, device=device)).cpu().tolist()
     wrong = sum(g != splitmix64(s, p) for g, s, p in zip(got, seeds, positions))
     return {"status": "ok" if wrong == 0 else "FAILED", "draws": len(seeds), "different": wrong}
 
@@ -147,7 +138,7 @@ def check_sdpa(path: str, device: str, dtype: str) -> dict:
 
 def check_capture(path: str, device: str, dtype: str) -> dict:
     if device != "cuda":
-        return {"status": NO_CUDA + " (tests/test_decode.py runs decode.capture against a stand-in)"}
+        return {"status": NO_CUDA + " (tests/test_decode_cuda.py runs decode_cuda.capture against a stand-in)"}
     caller, side = torch.cuda.current_stream(), torch.cuda.Stream()
     x = torch.ones(1 << 20, device=device)
     torch.cuda.synchronize()
@@ -158,7 +149,7 @@ def check_capture(path: str, device: str, dtype: str) -> dict:
         (x * 2).sum().item()
     error = ""
     try:
-        decode.capture(invalid, side)
+        decode_cuda.capture(invalid, side)
     except RuntimeError as exc:
         error = str(exc).splitlines()[0][:200]
     restored = torch.cuda.current_stream() == caller
@@ -166,7 +157,7 @@ def check_capture(path: str, device: str, dtype: str) -> dict:
     torch.cuda.empty_cache()
     reserved_after = torch.cuda.memory_reserved()
     y = torch.zeros_like(x)
-    graph = decode.capture(lambda: y.add_(x), side)  # a later capture on the same stream
+    graph = decode_cuda.capture(lambda: y.add_(x), side)  # a later capture on the same stream
     graph.replay()
     graph.replay()
     torch.cuda.synchronize()

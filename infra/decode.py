@@ -4,10 +4,10 @@ without vLLM (`--engine torch`; `auto` picks it there). It runs on the CPU too, 
     engine = TorchEngine(model_dir, "cuda", "bfloat16")
     engine.generate(prompts, Sampling(...)) -> [Sample(ids, logprobs)]     # engine.py's contract
 
-Why not transformers' `generate`: on an H200 it took 170 ms per decode step at batch 512 on SmolLM2, some
-50x the step's bytes at the GPU's bandwidth (docs/gpu.md): a Python loop of about 1,400 kernel launches
-and a sync a step, a fresh prefill of the whole conversation every turn, a cache grown by `torch.cat`,
-KV heads copied 3 -> 9 under a padding mask, and every step's logits kept in fp32. Here:
+Why not transformers' `generate`: on a GPU its decode step is far from the memory-bandwidth bound
+(figures: docs/gpu.md): a Python loop of one kernel launch per operation and a sync a step, a fresh
+prefill of the whole conversation every turn, a cache grown by `torch.cat`, KV heads copied (3 -> 9 on
+SmolLM2) under a padding mask, and every step's logits kept in fp32. Here:
 
 1. **KV rows kept across turns.** A turn's prompt is the last turn's prompt, its reply and the new
    observation, so each prompt is matched to the previous call's row with the longest cached prefix
@@ -16,28 +16,20 @@ KV heads copied 3 -> 9 under a padding mask, and every step's logits kept in fp3
 2. **One shape per call.** A call's KV is one (rows, kv heads, W, head dim) tensor per layer, W fixed for
    the call (the longest prompt + reply, rounded up), written in place at each row's own position: no
    growth, no padding of positions. So every decode step of a call has the same shapes and, on CUDA, is
-   captured once as a CUDA graph and replayed: one launch a step instead of ~1,400.
+   captured once as a CUDA graph and replayed: one launch a step instead of one per kernel.
 3. **Grouped-query attention without copied heads.** The G query heads that share a KV head are laid out
    as G query positions of that head, so SDPA runs on the KV heads as they are stored, with a mask that
    lets row b see positions <= its own (`attend`).
-4. **Sampling inside the step, seeded per request.** One uniform per row from a counter-based hash of
-   (the request's seed, the token's position) (`uniform`, splitmix64), turned into a token by the inverse
-   CDF of softmax(logits / T) (top-p applied first when < 1): a request's sample does not depend on the
-   batch it ran in, and no per-row torch.Generator (which a graph cannot take) is needed. The logprob is
-   the raw model's (before temperature and top-p), as the trainer scores it (engine.py's contract).
+4. **Sampling inside the step, seeded per request** (infra/decode_sampling.py): a request's sample does
+   not depend on the batch it ran in, and no per-row torch.Generator (which a graph cannot take) is needed.
+   The logprob is the raw model's (before temperature and top-p), as the trainer scores it.
 5. **The host looks every CHECK_EVERY steps** whether every row has stopped (a stop id or its cap).
-6. **On CUDA the engine owns its stream and device.** A call runs on the engine's own stream, under its own
-   device, after the caller's stream's work and before the caller's next (`on_stream`): warm-up, capture
-   and replay share one stream, and the caller's stream is current again however the call ends. A
-   capture that fails (`capture`) gives that call eager steps and is tried again on the next call, at
-   most CAPTURE_TRIES times in a row. SDPA's kernel is chosen, not left to torch (`BACKENDS`).
-7. **On the CPU, weights packed once per weight sync and attention over the kept positions.** oneDNN
-   multiplies a weight packed once into its blocked layout (`PackedLinears`: q/k/v as one product, gate/up
-   as one, then o, down and the LM head) instead of reordering a plain weight on every call; the packed
-   copies are dropped by every sync and sleep and made again on the next call. Eager decode steps attend
-   with two matrix products over the positions any row has written so far (`attend_kept`), not SDPA's
-   flash kernel over the whole width. Both are on by default in float32 on the CPU (bf16: packing where
-   oneDNN multiplies bf16 natively, SDPA kept); docs/performance.md has what each measured.
+6. **On CUDA the engine owns its stream and device** (infra/decode_cuda.py): warm-up, capture and replay
+   share one stream, and the caller's stream is current again however the call ends. A capture that fails
+   gives that call eager steps and is tried again on the next call, at most CAPTURE_TRIES times in a row.
+   SDPA's kernel is chosen, not left to torch (`BACKENDS`).
+7. **On the CPU, weights packed once per weight sync and attention over the kept positions**
+   (infra/decode_cpu.py), both on by default in float32.
 
 `sync_weights` copies the new weights in and drops every cached row (their KV came from the old
 weights); `sleep()` frees the cache. Llama-shaped decoders only (Llama, Qwen2, Qwen3, Mistral without
@@ -46,7 +38,6 @@ sliding windows): `supports` says why another is refused.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import time
 from dataclasses import dataclass
 from typing import Iterable
@@ -55,6 +46,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from infra.decode_cpu import Linears, PackedLinears, attend_kept, can_pack
+from infra.decode_cuda import capture, on_stream
+from infra.decode_sampling import request_seed, sample, uniform
 from infra.samples import Sample, Sampling, copy_weights
 
 BLOCK = 32           # tokens per hashed block of the prefix match
@@ -80,63 +74,6 @@ def supports(config) -> str | None:
             config.model_type == "mistral" and getattr(config, "sliding_window", None)):
         return "--engine torch has no sliding-window attention; use --engine hf"
     return None
-
-
-# ---- sampling ----------------------------------------------------------------------------------------
-
-_MASK64 = (1 << 64) - 1
-
-
-def _signed(c: int) -> int:
-    return c - (1 << 64) if c >= 1 << 63 else c
-
-
-_GOLDEN, _MIX1, _MIX2 = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
-
-
-def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's >> is arithmetic on signed integers)."""
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-def uniform(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """(R,) float32 in [0, 1): splitmix64's output for state seed + position * golden ratio, 24 bits of it.
-    int64 arithmetic wraps on overflow, as the 64-bit original does (tests check it against Python's)."""
-    x = seed + position * _GOLDEN
-    x = (x ^ _shr(x, 30)) * _MIX1
-    x = (x ^ _shr(x, 27)) * _MIX2
-    x = x ^ _shr(x, 31)
-    return _shr(x, 40).float() * 2.0**-24
-
-
-def request_seed(seed: int | None, gen: torch.Generator) -> int:
-    """A request's 63-bit seed: its own, or (None) one drawn from the engine's generator."""
-    if seed is None:
-        return int(torch.randint(0, 2**62, (), generator=gen))
-    return int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=8).digest(), "little") >> 1
-
-
-def sample(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row of (R, V) float32 logits, by the inverse CDF at the row's uniform u (R,); and its
-    raw logprob, log_softmax(logits) (no temperature, no top-p: what the trainer recomputes)."""
-    if temperature == 0:
-        token = logits.argmax(-1)
-    else:
-        probs = torch.softmax(logits / temperature, -1)                       # (R, V)
-        order = None
-        if top_p < 1:  # nucleus: the smallest set of likeliest tokens whose mass reaches top_p
-            probs, order = probs.sort(-1, descending=True)
-            before = probs.cumsum(-1) - probs
-            probs = probs.masked_fill(before >= top_p, 0.0)  # the first token always stays (before = 0)
-        cdf = probs.cumsum(-1)                                                  # (R, V)
-        total = cdf[:, -1:]
-        # strictly below the total: a right-sided search then lands on a token of positive probability
-        value = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-        token = torch.searchsorted(cdf, value, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
-        if order is not None:
-            token = order.gather(-1, token[:, None]).squeeze(-1)
-    logprob = logits.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
-    return token, logprob
 
 
 # ---- the model's forward over cached rows -------------------------------------------------------------
@@ -166,104 +103,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     q = q.view(b, s, kv_heads, g, dim).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, g * s, dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)       # (b, Hkv, G*s, D)
     return out.view(b, kv_heads, g, s, dim).permute(0, 3, 1, 2, 4).reshape(b, s, heads * dim)
-
-
-def attend_kept(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float,
-                kept: int) -> torch.Tensor:
-    """`attend` as two matrix products over the first `kept` cached positions only (the rest of the width is
-    not yet written for any row; `bias` covers at least `kept` of them): the grouped query rows of a KV head
-    multiply that head's keys and values in place, as views (no head copied, no row gathered). On the CPU,
-    for decode's few query rows, this beats SDPA's flash kernel, which is made for many
-    (docs/performance.md). Softmax in float32 whatever the model's dtype, as the flash kernel accumulates."""
-    b, s, heads, dim = q.shape
-    kv_heads = k.shape[1]
-    g = heads // kv_heads
-    q = q.view(b, s, kv_heads, g, dim).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, g * s, dim)
-    k, v = k[:, :, :kept], v[:, :, :kept]                                              # views (b, Hkv, kept, D)
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias[..., :kept])   # (b, Hkv, G*s, kept)
-    weights = torch.softmax(scores, -1, dtype=torch.float32).to(v.dtype)
-    out = torch.matmul(weights, v)                                                     # (b, Hkv, G*s, D)
-    return out.view(b, kv_heads, g, s, dim).permute(0, 3, 1, 2, 4).reshape(b, s, heads * dim)
-
-
-class Linears:
-    """A decoder's linear layers as the layer stack calls them: each module's own call (the plain path)."""
-
-    def __init__(self, decoder, head):
-        self.decoder, self.head_module = decoder, head
-
-    def qkv(self, i: int, x: torch.Tensor):
-        a = self.decoder.layers[i].self_attn
-        return a.q_proj(x), a.k_proj(x), a.v_proj(x)
-
-    def o(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder.layers[i].self_attn.o_proj(x)
-
-    def mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder.layers[i].mlp(x)
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head_module(x)
-
-
-def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether oneDNN packs weights here: on a CPU, float32 always, bfloat16 only where oneDNN multiplies it
-    natively (AVX512-BF16, AMX; without them it refuses to pack)."""
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (..., in) through a weight packed by `pack`: oneDNN's matmul reads the packed layout as it is."""
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), weight, bias, "none", [], "")
-    return y.view(*x.shape[:-1], y.shape[-1])
-
-
-def pack(weights: list[torch.Tensor], biases: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Several linear layers of one input as one: their weights stacked (out rows after out rows) and
-    reordered once into oneDNN's blocked layout. oneDNN otherwise copies a plain weight into that layout
-    on every call (DESIGN.md's CPU levers); and one wide product of a few rows runs faster than three
-    narrow ones."""
-    weight = torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights) if len(weights) > 1 else weights[0])
-    if all(b is None for b in biases):
-        return weight, None
-    return weight, torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-
-
-class PackedLinears(Linears):
-    """The same layers through weights packed once (`pack`): q, k and v as one product, gate and up as one,
-    o, down and the LM head each alone. The packed copies are made from the model's weights when built, so a
-    weight sync must build them again (TorchEngine drops them on every sync and sleep)."""
-
-    def __init__(self, decoder, head):
-        super().__init__(decoder, head)
-        self.layers = []
-        for layer in decoder.layers:
-            a, m = layer.self_attn, layer.mlp
-            qkv = [a.q_proj, a.k_proj, a.v_proj]
-            up = [m.gate_proj, m.up_proj]
-            self.layers.append({"qkv": pack([l.weight for l in qkv], [l.bias for l in qkv]),
-                                "split": [l.out_features for l in qkv],
-                                "o": pack([a.o_proj.weight], [a.o_proj.bias]),
-                                "gate_up": pack([l.weight for l in up], [l.bias for l in up]),
-                                "down": pack([m.down_proj.weight], [m.down_proj.bias]), "act": m.act_fn})
-        self.head_packed = pack([head.weight], [head.bias])
-
-    def qkv(self, i, x):
-        p = self.layers[i]
-        return packed_linear(x, *p["qkv"]).split(p["split"], -1)
-
-    def o(self, i, x):
-        return packed_linear(x, *self.layers[i]["o"])
-
-    def mlp(self, i, x):
-        p = self.layers[i]
-        gate, up = packed_linear(x, *p["gate_up"]).chunk(2, -1)
-        return packed_linear(p["act"](gate) * up, *p["down"])
-
-    def head(self, x):
-        return packed_linear(x, *self.head_packed)
 
 
 @dataclass
@@ -315,70 +154,6 @@ def match(prompt: list[int], cache: Cache | None, index: dict[int, int]) -> tupl
     while m < end and cached[m] == prompt[m]:
         m += 1
     return row, m
-
-
-# ---- the engine's CUDA stream and the decode step's graph ------------------------------------------------
-# `cuda` is torch.cuda; the tests pass a stand-in with the same few calls, since CUDA cannot run on their CPU.
-
-@contextlib.contextmanager
-def on_stream(stream, cuda=torch.cuda):
-    """The block runs on `stream`, under its device, after the work queued so far on the caller's stream (a
-    weight sync's copies) and before the caller's next (an update that frees memory the block read). The
-    caller's stream is current again when the block ends, whatever it raised."""
-    with cuda.device(stream.device):
-        caller = cuda.current_stream()
-        stream.wait_stream(caller)
-        cuda.set_stream(stream)
-        try:
-            yield
-        finally:
-            cuda.set_stream(caller)
-            caller.wait_stream(stream)
-
-
-def capture(step, stream, cuda=torch.cuda):
-    """`step` recorded as a CUDA graph on `stream`, the stream its warm-up steps ran on (so cuBLAS's workspace
-    for that stream was made before, outside the graph's private pool). Does not use torch.cuda.graph: its
-    __exit__ calls capture_end() before restoring the stream, and when the capture was invalidated (a sync
-    inside the step, an allocation that failed) capture_end raises first, leaving the process on the capture
-    stream and the allocator still routing that stream's allocations into the graph's pool. Here the caller's
-    stream is current again on every path, and a failed capture's pool is given back (`_drop_pool`)."""
-    graph, pool = cuda.CUDAGraph(), cuda.graph_pool_handle()
-    cuda.synchronize()  # earlier work done, so that a capture failure is the step's own
-    caller = cuda.current_stream()
-    cuda.set_stream(stream)
-    try:
-        graph.capture_begin(pool=pool)
-        try:
-            step()
-        except BaseException:
-            with contextlib.suppress(RuntimeError):  # ends the stream's capture; raises if it was invalidated
-                graph.capture_end()
-            raise
-        graph.capture_end()
-    except BaseException:
-        graph.reset()  # forgets the capture (and releases its pool if capture_end got that far)
-        _drop_pool(pool, cuda)
-        raise
-    finally:
-        cuda.set_stream(caller)
-    return graph
-
-
-def _drop_pool(pool, cuda) -> None:
-    """What capture_end did not reach when it raised: the allocator stops routing allocations into the pool,
-    and the pool is released. These two are torch's private bindings (torch.cuda.memory imports them for
-    its MemPool); where they are missing the pool stays registered, as torch.cuda.graph leaves it."""
-    end = getattr(cuda.memory, "_cuda_endAllocateToPool", None)
-    release = getattr(cuda.memory, "_cuda_releasePool", None)
-    if end is None or release is None:
-        return
-    device = cuda.current_device()
-    try:
-        end(device, pool)
-    except RuntimeError:  # capture_end had ended it, and graph.reset() has released the pool
-        return
-    release(device, pool)
 
 
 class TorchEngine:

@@ -1,12 +1,11 @@
-"""infra/decode.py, the project's own decode loop, on the CPU: its sampler and seeds, the same tokens as
-transformers under greedy decoding (float32, tiny model and SmolLM2), the model's own logprobs in
-bfloat16, KV rows reused across turns exactly as a fresh prefill, a group's prompt prefilled once,
-and a weight sync that drops every cached row; an exception in decode that leaves the next call whole, rows
-copied from shared units a layer at a time, the attention mask made once for every layer, SDPA's kernels
-chosen. CUDA graphs and streams run only on a GPU (bench/gpu_check.py, bench/generate.py --device cuda); here
-their handling runs against a stand-in for torch.cuda's few calls (FakeCuda), and the engine's retry of a
-failed capture against a stand-in capture."""
-import contextlib
+"""infra/decode.py, the project's own decode loop, with its decode_sampling.py and decode_cpu.py, on the CPU:
+its sampler and seeds, the same tokens as transformers under greedy decoding (float32, tiny model and
+SmolLM2), the model's own logprobs in bfloat16, KV rows reused across turns exactly as a fresh prefill, a
+group's prompt prefilled once, and a weight sync that drops every cached row; an exception in decode that
+leaves the next call whole, rows copied from shared units a layer at a time, the attention mask made once
+for every layer, SDPA's kernels chosen. CUDA graphs and streams run only on a GPU (bench/gpu_check.py,
+bench/generate.py --device cuda); here the engine's retry of a failed capture runs against a stand-in
+capture, and decode_cuda.py's handling against a stand-in for torch.cuda (tests/test_decode_cuda.py)."""
 import types
 import weakref
 
@@ -14,7 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from infra import decode
+from infra import decode, decode_cpu
+from infra import decode_sampling as sampling
 import engine as engines
 from infra import engines as infra_engines
 from models import tiny
@@ -26,22 +26,12 @@ def model_dir():
     return tiny.tiny_model_dir()
 
 
-def splitmix64(seed: int, position: int) -> float:
-    """The reference: splitmix64's output for state seed + position * golden ratio, in Python's exact ints."""
-    m = (1 << 64) - 1
-    x = (seed + position * 0x9E3779B97F4A7C15) & m
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
-    x ^= x >> 31
-    return (x >> 40) / 2**24
-
-
 def test_uniform_is_splitmix64_with_wrapping_int64():
     seeds = [0, 1, 7, 2**62 + 12345, 2**63 - 1, 987654321987654321]
     positions = [0, 1, 5, 1000, 4095, 70000]
-    got = decode.uniform(torch.tensor(seeds), torch.tensor(positions))
-    assert got.tolist() == [splitmix64(s, p) for s, p in zip(seeds, positions)]
-    many = decode.uniform(torch.arange(20000), torch.full((20000,), 3))
+    got = sampling.uniform(torch.tensor(seeds), torch.tensor(positions))
+    assert got.tolist() == [sampling.splitmix64(s, p) for s, p in zip(seeds, positions)]
+    many = sampling.uniform(torch.arange(20000), torch.full((20000,), 3))
     assert 0 <= many.min() and many.max() < 1 and abs(many.mean().item() - 0.5) < 0.01
 
 
@@ -49,9 +39,9 @@ def test_uniform_is_splitmix64_with_wrapping_int64():
 def test_the_sampler_draws_softmax_over_temperature_and_top_p(dtype):
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0, -30.0]).to(dtype).float()
     n = 40000
-    u = decode.uniform(torch.arange(n) * 7919, torch.zeros(n, dtype=torch.long))
+    u = sampling.uniform(torch.arange(n) * 7919, torch.zeros(n, dtype=torch.long))
     for temperature, top_p in ((1.0, 1.0), (0.7, 1.0), (1.0, 0.8)):
-        tokens, logprobs = decode.sample(logits.expand(n, -1), u, temperature, top_p)
+        tokens, logprobs = sampling.sample(logits.expand(n, -1), u, temperature, top_p)
         want = torch.softmax(logits.double() / temperature, -1)
         if top_p < 1:  # the nucleus: tokens 0 and 1 (0.61, then 0.84 >= 0.8), renormalised
             want = torch.where(torch.arange(5) < 2, want, 0.0)
@@ -59,7 +49,7 @@ def test_the_sampler_draws_softmax_over_temperature_and_top_p(dtype):
         freq = torch.bincount(tokens, minlength=5).double() / n
         assert (freq - want).abs().max() < 0.01, (temperature, top_p, freq, want)
         assert torch.allclose(logprobs.double(), torch.log_softmax(logits.double(), -1)[tokens], atol=1e-6)
-    greedy, _ = decode.sample(logits.expand(3, -1), u[:3], 0.0, 1.0)
+    greedy, _ = sampling.sample(logits.expand(3, -1), u[:3], 0.0, 1.0)
     assert greedy.tolist() == [0, 0, 0]
 
 
@@ -223,7 +213,7 @@ def test_an_exception_in_decode_leaves_the_cache_and_its_index_consistent(model_
         if len(calls) == 3:
             raise RuntimeError("injected")
         return real(*args)
-    monkeypatch.setattr(decode, "sample", failing)
+    monkeypatch.setattr(decode, "sample", failing)  # the name the decode loop calls
     with pytest.raises(RuntimeError, match="injected"):
         eng.generate(second, params)
     monkeypatch.setattr(decode, "sample", real)
@@ -279,104 +269,6 @@ def test_sdpa_runs_a_kernel_of_the_engines_stated_list(model_dir):
     assert chosen in eng.backends
 
 
-class FakeStream:
-    def __init__(self, name):
-        self.name, self.device, self.waited_for = name, torch.device("cuda", 0), []
-
-    def wait_stream(self, other):
-        self.waited_for.append(other.name)
-
-
-class FakeGraph:
-    """CUDAGraph's rules that matter here: capture_end must run on the capture stream; a capture invalidated
-    (by a sync inside it) makes capture_end raise before it stops routing allocations into the pool."""
-
-    def __init__(self, cuda):
-        self.cuda, self.reset_done, self.stream = cuda, False, None
-
-    def capture_begin(self, pool):
-        self.stream, self.pool = self.cuda.current, pool
-        self.cuda.capturing, self.cuda.routed, self.cuda.invalidated = self, pool, False
-
-    def capture_end(self):
-        if self.cuda.current is not self.stream:
-            raise RuntimeError("Capture must end on the same stream it began on.")
-        self.cuda.capturing = None
-        if self.cuda.invalidated:
-            raise RuntimeError("operation failed due to a previous error during capture")
-        self.cuda.routed = None
-
-    def reset(self):
-        self.reset_done = True
-
-
-class FakeCuda:
-    """torch.cuda's few calls that decode.capture and decode.on_stream make (CUDA cannot run here)."""
-
-    def __init__(self):
-        self.current, self.capturing, self.routed, self.invalidated = FakeStream("caller"), None, None, False
-        self.released = []
-        self.memory = types.SimpleNamespace(_cuda_endAllocateToPool=self.end_pool, _cuda_releasePool=self.release_pool)
-
-    def sync(self):  # what a step's .item() does: inside a capture it invalidates the capture
-        if self.capturing:
-            self.invalidated = True
-            raise RuntimeError("operation not permitted when stream is capturing")
-
-    def end_pool(self, device, pool):
-        if self.routed != pool:
-            raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
-        self.routed = None
-
-    def release_pool(self, device, pool):
-        self.released.append(pool)
-
-    def current_stream(self):
-        return self.current
-
-    def set_stream(self, stream):
-        self.current = stream
-
-    def device(self, device):
-        return contextlib.nullcontext()
-
-    def synchronize(self):
-        pass
-
-    def current_device(self):
-        return 0
-
-    def graph_pool_handle(self):
-        return (0, 7)
-
-    def CUDAGraph(self):  # noqa: N802 (torch.cuda's name)
-        self.graph = FakeGraph(self)
-        return self.graph
-
-
-def test_a_failed_capture_leaves_the_callers_stream_current_and_gives_its_pool_back():
-    cuda, side = FakeCuda(), FakeStream("engine")
-    with pytest.raises(RuntimeError, match="not permitted"):
-        decode.capture(cuda.sync, side, cuda)
-    # torch.cuda.graph's __exit__ would have left `side` current and the pool taking its allocations
-    assert cuda.current.name == "caller" and cuda.capturing is None
-    assert cuda.routed is None and cuda.released == [(0, 7)] and cuda.graph.reset_done
-    ran_on = []
-    graph = decode.capture(lambda: ran_on.append(cuda.current.name), side, cuda)  # and a later capture works
-    assert ran_on == ["engine"] and cuda.current.name == "caller" and graph is cuda.graph
-    assert cuda.routed is None and cuda.released == [(0, 7)]  # a captured graph keeps its pool
-
-
-def test_a_call_on_the_engines_stream_is_ordered_and_gives_the_callers_stream_back():
-    cuda, side = FakeCuda(), FakeStream("engine")
-    caller = cuda.current
-    with pytest.raises(ValueError), decode.on_stream(side, cuda):
-        assert cuda.current is side
-        raise ValueError("a failure inside the call")
-    assert cuda.current is caller
-    assert side.waited_for == ["caller"] and caller.waited_for == ["engine"]
-
-
 def test_a_failed_capture_is_tried_again_on_the_next_call_a_bounded_number_of_times(model_dir, capsys):
     params = engines.Sampling(max_tokens=6, seed=4)
     prompts = prompts_of([20, 33, 9], 3)
@@ -410,7 +302,7 @@ def test_attend_over_the_kept_positions_is_per_head_attention():
     # positions from `kept` on hold garbage (unwritten rows): they must not count, so they are huge here
     k[:, :, kept:], v[:, :, kept:] = 1e4, 1e4
     bias = decode.attention_bias(torch.arange(kept)[None, None] <= pos[:, :, None], heads // kv, torch.float32)
-    out = decode.attend_kept(q, k, v, bias, 0.3, kept)
+    out = decode_cpu.attend_kept(q, k, v, bias, 0.3, kept)
     kk, vv = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)   # (b, H, W, D)
     scores = torch.einsum("bshd,bhwd->bhsw", q, kk) * 0.3
     scores = scores.masked_fill(~(torch.arange(width)[None, None] <= pos[:, :, None])[:, None], float("-inf"))
@@ -427,9 +319,9 @@ def test_the_cpu_levers_are_on_by_default_in_float32_and_give_the_plain_paths_to
         for kept in (False, True):
             eng = decode.TorchEngine(model_dir, "cpu", "float32", packed=packed, kept_attention=kept)
             outs[packed, kept] = eng.generate(prompts, engines.Sampling(max_tokens=20, seed=5, stop_ids=STOPS))
-            assert isinstance(eng.linears, decode.PackedLinears) == packed
+            assert isinstance(eng.linears, decode_cpu.PackedLinears) == packed
     default = decode.TorchEngine(model_dir, "cpu", "float32")
-    assert default.packed == decode.can_pack(torch.device("cpu"), torch.float32) and default.kept_attention
+    assert default.packed == decode_cpu.can_pack(torch.device("cpu"), torch.float32) and default.kept_attention
     plain = outs[False, False]
     for out in outs.values():
         assert [s.ids for s in out] == [s.ids for s in plain]
@@ -444,7 +336,7 @@ def test_packed_weights_are_packed_again_after_a_sync_and_dropped_by_sleep(model
     params = engines.Sampling(max_tokens=10, seed=8, stop_ids=STOPS)
     second = two_turns(eng, params)
     before = eng.linears
-    assert isinstance(before, decode.PackedLinears)
+    assert isinstance(before, decode_cpu.PackedLinears)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     with torch.no_grad():
         for layer in model.model.layers:  # every packed group changes: q/k/v, o, gate/up, down; and the head
