@@ -14,6 +14,8 @@ Tests: python -m pytest tests/test_studies.py (and each study's own tests, named
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
@@ -22,21 +24,21 @@ from stepplan import Accumulation, Curriculum, informative_groups
 
 
 class Studies:
-    """The hooks of one run (`run` is startup.Run; `from_run` builds them after its set-up)."""
+    """The hooks of one run on rank `rank` of `world` (`make` builds them after the run's set-up)."""
 
-    def __init__(self, cfg, curriculum: Curriculum | None = None, anchor=None):
-        self.cfg, self.curriculum, self.anchor = cfg, curriculum, anchor
+    def __init__(self, cfg, curriculum: Curriculum | None = None, anchor=None, rank: int = 0, world: int = 1):
+        self.cfg, self.curriculum, self.anchor, self.rank, self.world = cfg, curriculum, anchor, rank, world
         self.accumulation = Accumulation(cfg.min_groups)  # a checkpoint always steps: a resume has none pending
 
     @classmethod
-    def from_run(cls, run, level_of, start: int) -> "Studies":
-        cfg = run.cfg
-        curriculum = Curriculum(run.train_ids, level_of, cfg.seed, run.out / "curriculum.jsonl", start) \
+    def make(cls, ground: warmstart.Playground, level_of, out: Path, start: int) -> "Studies":
+        """The hooks the flags turn on: `level_of` task -> level (--curriculum, logged to out/curriculum.jsonl
+        from step `start`), the imitation anchor's demonstrations played now (--bc-anchor)."""
+        cfg = ground.cfg
+        curriculum = Curriculum(ground.train_ids, level_of, cfg.seed, out / "curriculum.jsonl", start) \
             if cfg.curriculum else None
-        anchor = None
-        if cfg.bc_anchor:
-            anchor = warmstart.Anchor(run)
-        return cls(cfg, curriculum, anchor)
+        anchor = warmstart.Anchor(ground) if cfg.bc_anchor else None
+        return cls(cfg, curriculum, anchor, ground.rank, ground.world)
 
     def tasks(self, step: int) -> list[tuple[int, int]] | None:
         """--curriculum: the step's (task, group) draw; None: the method's uniform draw."""
@@ -52,18 +54,18 @@ class Studies:
         """--positive-only: max(A, 0), episodes better than their group pushed up, worse ones not down."""
         return adv.clamp(min=0) if self.cfg.positive_only else adv
 
-    def observe(self, run, step: int, tasks, mine, rewards: torch.Tensor, saves: bool) -> tuple[dict, bool]:
+    def observe(self, step: int, tasks, mine, rewards: torch.Tensor, saves: bool) -> tuple[dict, bool]:
         """After the advantages: --curriculum weighs levels by how often their groups were informative;
         --min-groups holds the optimizer step back until enough were (a checkpoint step always steps).
         Returns (metrics, whether the optimizer steps)."""
         extra = {}
         if not (self.curriculum or self.cfg.min_groups):
             return extra, True
-        rows = [None] * run.world  # every rank counts the same gathered (group, reward) rows
+        rows = [None] * self.world  # every rank counts the same gathered (group, reward) rows
         dist.all_gather_object(rows, [(g, r) for (_, g), r in zip(mine, rewards.tolist())])
         rows = sum(rows, [])
         if self.curriculum:
-            extra["curriculum/informative"] = self.curriculum.observe(step, tasks, rows, run.rank == 0)
+            extra["curriculum/informative"] = self.curriculum.observe(step, tasks, rows, self.rank == 0)
         stepped = True
         if self.cfg.min_groups:
             stepped = self.accumulation.due(sum(informative_groups(rows, len(tasks))), must=saves)

@@ -203,7 +203,7 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     adv, returns = global_advantages(cfg, d, batch, values, token_kl)
     adv = run.studies.advantages(adv)
     out_of_time, last, saves = step_end(run, step, clock0)
-    extra, stepped = run.studies.observe(run, step, tasks, mine, batch["rewards"], saves)
+    extra, stepped = run.studies.observe(step, tasks, mine, batch["rewards"], saves)
     log_episodes(run.out, step, cfg, episodes, batch, adv, run.tokenizer, run.env_pool)  # a few, at eval steps
     # (4) the update: epochs x mini-batches x micro-batches, every loss over the global token count
     with phase("update", timing):

@@ -28,17 +28,41 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import torch
 
 from infra import budget, checkpoint, lora, peaks
 
 from batch import collate, forward
+from checks import Derived
+from config import Config
 from infra.distributed import all_max, all_sum, print0
 from infra.passes import DUMMY_WIDTH, micro_batches, pad
 from infra.runlog import trim_heap
 from framing import Framing
-from rollout import Episode, Expert, Play, play_rounds
+from rollout import ChatFormat, Episode, Expert, Play, play_rounds
+
+
+@dataclass(frozen=True)
+class Playground:
+    """What the warm start, its imitation anchor and the studies read of a run's set-up (startup.setup
+    builds it): the settings, this rank's place among the ranks, its envs and the generator that play
+    episodes, and the train tasks they are drawn from."""
+    cfg: Config
+    d: Derived                   # the schedule's budgets, the framing
+    rank: int
+    world: int
+    engine: object               # this rank's generator: it plays for --bc-actor policy
+    env_pool: list               # one environment per episode of this rank's share of a step
+    make_env: Callable           # a replacement environment (a hung or crashed simulator)
+    threads: object              # the pool that steps the environments concurrently
+    chat: ChatFormat             # records each episode token-exactly
+    tokenizer: object
+    train_ids: list
+    play: Callable[[int, int | None], Play]  # how the run plays episodes at a turn budget and seed
 
 
 def expert_episodes(chat, envs: list, make_env, task_ids: list[int], max_turns: int, max_context: int,
@@ -116,7 +140,7 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
     return losses
 
 
-def demonstrations(run, count: int, seed: int, what: str = "warm start",
+def demonstrations(ground: Playground, count: int, seed: int, what: str = "warm start",
                    actor: str = "expert") -> tuple[list[Episode], int]:
     """This rank's share of `count` episodes on train tasks (sample `seed`), at the run's largest turn
     budget, played by the env pool in parallel; returns the successful ones and how many episodes all
@@ -126,19 +150,19 @@ def demonstrations(run, count: int, seed: int, what: str = "warm start",
     temperature, seeded by `seed`), and its successes are what is imitated: self-imitation, i.e.
     rejection-sampling fine-tuning (RFT, Yuan et al. 2023): interaction with the env without a policy
     gradient, the control that asks whether RL adds more than imitating one's own wins."""
-    t, turns = time.perf_counter(), max(run.d.schedule.budgets)
-    tasks = demo_tasks(run.train_ids, count, seed)
-    lo = run.rank * len(tasks) // run.world  # contiguous shares: the reply seeds follow the global index
-    mine = tasks[lo:(run.rank + 1) * len(tasks) // run.world] if actor == "policy" else tasks[run.rank::run.world]
+    g = ground
+    t, turns = time.perf_counter(), max(g.d.schedule.budgets)
+    tasks = demo_tasks(g.train_ids, count, seed)
+    lo = g.rank * len(tasks) // g.world  # contiguous shares: the reply seeds follow the global index
+    mine = tasks[lo:(g.rank + 1) * len(tasks) // g.world] if actor == "policy" else tasks[g.rank::g.world]
     if actor == "policy":
-        run.engine.wake()
-        play = run.play(turns, seed=(seed * 7919 + 3) * 131)
-        played = play_rounds(run.engine, run.chat, run.env_pool, run.make_env, [(t_, 0) for t_ in mine], play,
-                             run.threads, lo)
-        run.engine.sleep()
+        g.engine.wake()
+        play = g.play(turns, (seed * 7919 + 3) * 131)
+        played = play_rounds(g.engine, g.chat, g.env_pool, g.make_env, [(t_, 0) for t_ in mine], play, g.threads, lo)
+        g.engine.sleep()
     else:
-        played = expert_episodes(run.chat, run.env_pool, run.make_env, mine, turns, run.cfg.max_context,
-                                 run.d.framing, run.threads, run.cfg.env_timeout or None)
+        played = expert_episodes(g.chat, g.env_pool, g.make_env, mine, turns, g.cfg.max_context, g.d.framing,
+                                 g.threads, g.cfg.env_timeout or None)
     episodes = [ep for ep in played if ep.success]
     crashed = [ep for ep in played if ep.end == "expert_error"]
     for ep in crashed:  # every rank reports its own
@@ -158,13 +182,13 @@ class Anchor:
     for LLMs: RL's updates may move the policy only where the expert's likelihood does not fall much.
     It asks whether RL adds to imitation when both run together, in the time imitation alone would have."""
 
-    def __init__(self, run):
-        cfg = run.cfg
-        self.episodes, _ = demonstrations(run, cfg.bc_anchor, cfg.seed + 1000, what="imitation anchor")
-        self.batch = demo_batch(self.episodes, run.tokenizer.pad_token_id or 0)
-        self.coef, self.size, self.micro_tokens, self.world = cfg.bc_coef, cfg.bc_batch, cfg.micro_tokens, run.world
+    def __init__(self, ground: Playground):
+        cfg = ground.cfg
+        self.episodes, _ = demonstrations(ground, cfg.bc_anchor, cfg.seed + 1000, what="imitation anchor")
+        self.batch = demo_batch(self.episodes, ground.tokenizer.pad_token_id or 0)
+        self.coef, self.size, self.micro_tokens, self.world = cfg.bc_coef, cfg.bc_batch, cfg.micro_tokens, ground.world
         self.fused_head = cfg.fused_head
-        self.gen = torch.Generator().manual_seed(cfg.seed * 17 + run.rank)
+        self.gen = torch.Generator().manual_seed(cfg.seed * 17 + ground.rank)
         self.queue: list[int] = []
 
     def backward(self, model) -> float:
@@ -178,16 +202,16 @@ class Anchor:
                             scale=self.coef, fused_head=self.fused_head)
 
 
-def run(run, warm_dir) -> None:
+def run(ground: Playground, policy, ref, warm_dir: Path) -> None:
     """The warm start as train.py runs it (collective): this rank's share of expert episodes on train
-    tasks, the successful ones imitated through the FSDP2 policy, the result saved to `warm_dir` (an HF
-    directory, for evaluate.py and --resume) and, with a KL term, copied into the reference model."""
-    cfg, policy, ref, tokenizer = run.cfg, run.models["policy"], run.ref, run.tokenizer
+    tasks, the successful ones imitated through the FSDP2 `policy`, the result saved to `warm_dir` (an HF
+    directory, for evaluate.py and --resume) and, with a KL term, copied into the reference model `ref`."""
+    cfg, tokenizer = ground.cfg, ground.tokenizer
     t, clock0 = time.perf_counter(), budget.now(cfg.budget_clock)
     what = "self-imitation" if cfg.bc_actor == "policy" else "warm start"
     tasks_seed = cfg.seed if cfg.bc_tasks_seed < 0 else cfg.bc_tasks_seed  # one finite set across --seed
     with peaks.phase("warmstart.demonstrations"):  # infra/peaks.py: each phase's peak memory
-        episodes, played = demonstrations(run, cfg.bc_episodes, tasks_seed, what, cfg.bc_actor)
+        episodes, played = demonstrations(ground, cfg.bc_episodes, tasks_seed, what, cfg.bc_actor)
     trained = [p for p in policy.parameters() if p.requires_grad]  # --train-layers may freeze some
     optimizer = torch.optim.AdamW(trained, lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
     log = []  # warmstart.jsonl: the warm start's own metrics (a control run has no RL step to log)
@@ -203,13 +227,13 @@ def run(run, warm_dir) -> None:
     left = max(cfg.bc_seconds - spent, 1e-9) if cfg.bc_seconds else 0.0
     with peaks.phase("warmstart.imitate"):
         losses = clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens, cfg.seed,
-                       tokenizer.pad_token_id or 0, all_sum, all_max, run.world, progress=progress, seconds=left,
+                       tokenizer.pad_token_id or 0, all_sum, all_max, ground.world, progress=progress, seconds=left,
                        clock=cfg.budget_clock, fused_head=cfg.fused_head)
     del optimizer
     with peaks.phase("warmstart.save"):
         if lora.active(policy):  # the imitated adapters become the base, so the KL's reference (adapters off)
             lora.fold_into_base(policy, str(warm_dir))  # and a resumed run's base are the warm start (infra/lora.py)
-        checkpoint.save_model(warm_dir, policy, tokenizer, run.rank)
+        checkpoint.save_model(warm_dir, policy, tokenizer, ground.rank)
         if ref is not None and not isinstance(ref, lora.Base):
             with torch.no_grad():
                 ref.load_state_dict(policy.state_dict())
@@ -218,7 +242,7 @@ def run(run, warm_dir) -> None:
     print0(f"warm start done in {time.perf_counter() - t:.0f}s{cut}: {nll}; saved {warm_dir}")
     (demos,) = all_sum(len(episodes))  # collective: every rank calls it
     spent_all = budget.combined(cfg.budget_clock, budget.now(cfg.budget_clock) - clock0, all_sum, all_max)
-    if run.rank == 0:
+    if ground.rank == 0:
         done = {"done": True, "demonstrations": int(demos), "optimizer_steps": len(losses),
                 "seconds": time.perf_counter() - t, "bc_seconds": cfg.bc_seconds, "clock": cfg.budget_clock,
                 "budget_spent": spent_all, "actor": cfg.bc_actor, "tasks_seed": tasks_seed,

@@ -3,6 +3,7 @@ memory this machine can give each rank, before any model loads.
 
     plan = memplan.rank_plan(cfg, world, local_world, device, dtype)   # bytes per row, two phases
     cfg, note = memplan.fit(cfg, world, local_world, device, dtype)     # adapt or stop (MemoryPlanError)
+    memplan.changes(asked, cfg)                                         # what it adapted: {field: [asked, used]}
 
 Why: a micro-batch budget made for a 0.2M-parameter model, given to a 135M one, grew a rank to 13 GB in
 its first update and the kernel killed it; nothing said why. The arithmetic below predicts a rank's peak
@@ -64,7 +65,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -416,7 +417,8 @@ def fit(cfg, world: int, local_world: int, device: str, dtype: str, mode: str = 
 
 def check_run(cfg, world: int, device: str, dtype: str, critic: bool = False):
     """train.py's use of `fit` under `cfg.memory_check`: (cfg, info, problem), problem a one-line error.
-    The node's rank count comes from torchrun (LOCAL_WORLD_SIZE)."""
+    The config returned is a new one when the plan adapted it (`changes` lists what differs; startup.py
+    records it in config.json). The node's rank count comes from torchrun (LOCAL_WORLD_SIZE)."""
     if cfg.memory_check == "off":
         return cfg, {}, None
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -425,6 +427,12 @@ def check_run(cfg, world: int, device: str, dtype: str, critic: bool = False):
     except MemoryPlanError as exc:
         return cfg, {}, str(exc)
     return new, info, None
+
+
+def changes(asked, used) -> dict:
+    """{field: [asked, used]} for every setting of dataclass `asked` that the plan changed in `used`."""
+    return {f.name: [getattr(asked, f.name), getattr(used, f.name)] for f in fields(asked)
+            if getattr(asked, f.name) != getattr(used, f.name)}
 
 
 def check_generation(model: str, engine: str, device: str, dtype: str, max_context: int, seqs: int) -> str | None:

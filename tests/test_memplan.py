@@ -5,6 +5,7 @@ mid-run is named, with its signal and memory, by the launcher and by the ranks t
 The available memory is faked with AGENTGYM_MEMORY_GB (the node's memory for its ranks).
 """
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -84,6 +85,27 @@ def test_the_deferred_gradient_reduction_is_taken_only_where_the_plan_has_room(m
     assert memplan.fit(cfg, 1, 1, "cpu", dtype)[0].grad_reduce == "micro-batch"  # one rank: nothing to reduce
     anchored = dataclasses.replace(cfg, bc_anchor=8)
     assert not memplan.defers(anchored) and memplan.fit(anchored, 2, 2, "cpu", dtype)[0].grad_reduce == "auto"
+
+
+def test_config_json_records_what_the_plan_adapted(memory, monkeypatch, tmp_path):
+    """The plan's rewrite of the settings is a named step of the set-up (startup.memory_plan), and config.json
+    holds the settings the run trains with and, under "memplan", each one the plan changed as [asked, used]."""
+    import startup
+
+    memory(16)  # two ranks, 8 GB each: the tiny model's settings on SmolLM2 do not fit
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    asked = dataclasses.replace(smollm2_with_tiny_settings(), dtype="float32")
+    used, info = startup.memory_plan(asked, checks.derive(asked))
+    startup.record(tmp_path, asked, used)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert used.checkpointing and "--checkpointing instead" in info["note"]
+    adapted = {k: [getattr(asked, k), getattr(used, k)] for k in ("micro_tokens", "checkpointing", "grad_reduce")
+               if getattr(asked, k) != getattr(used, k)}  # the micro-batch too when this process holds more
+    assert saved["memplan"] == adapted and adapted["checkpointing"] == [False, True]
+    assert {k: v for k, v in saved.items() if k != "memplan"} == dataclasses.asdict(used)
+    startup.record(tmp_path, used, used)  # a plan that changes nothing records nothing
+    assert json.loads((tmp_path / "config.json").read_text())["memplan"] == {}
 
 
 def test_plan_grows_with_what_it_should():

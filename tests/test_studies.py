@@ -32,7 +32,17 @@ def test_every_hook_is_the_identity_by_default():
     rewards = torch.tensor([0.5, 0.0])
     assert studies.tasks(3) is None and studies.anchor is None
     assert studies.advantages(adv) is adv and studies.rewards(eps, rewards) is rewards
-    assert studies.observe(None, 0, [], [], rewards, False) == ({}, True)
+    assert studies.observe(0, [], [], rewards, False) == ({}, True)
+
+
+def test_the_files_below_the_set_up_never_read_its_run():
+    """warmstart.py and studies.py are given what they read (warmstart.Playground, the models), never
+    startup.Run: the set-up depends on them, not they on it."""
+    for name in ("warmstart.py", "studies.py"):
+        tree = ast.parse((ROOT / name).read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
+                   {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "startup" not in imported and "Run" not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
 def test_refusal_penalty_lowers_the_training_reward_per_refused_turn():

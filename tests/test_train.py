@@ -158,6 +158,9 @@ def test_plain_python_runs_the_same_code_as_one_rank(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = metrics(tmp_path)
     assert row["turns"] == 2 and (tmp_path / "checkpoints" / "latest").exists()
+    # one rank reduces nothing, so the memory plan turned --grad-reduce auto into micro-batch, and said so
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["grad_reduce"] == "micro-batch" and saved["memplan"] == {"grad_reduce": ["auto", "micro-batch"]}
 
 
 def test_agentgym_tasks_file_and_framing_train_one_step(tmp_path):
