@@ -26,7 +26,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from lab.results import _jsonl, publish
+from lab.results import publish
+from lab.tables import _jsonl
 from schedule import parse as schedule
 from lab.stats import clustered_se, paired_table, task_means
 

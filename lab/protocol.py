@@ -26,7 +26,7 @@ what RL is for. Here the demonstrations are finite, and imitation has used them 
                       (rejection-sampling fine-tuning: interaction without a policy gradient);
   5. test: W* and the three arms on `test_tasks` tasks of the `test_split` split (BabyAI's "fresh":
      outside train, validation, test and every screen) x `test_k` samples, the same decoding for all;
-     the tables (lab/results.py) with paired task-level intervals, and summary.md: success, Pass@k,
+     the tables (lab/tables.py) with paired task-level intervals, and summary.md: success, Pass@k,
      refused share, never-/always-solved counts, each arm's CPU and wall seconds and episodes per hour.
 
 Every piece is a directory under runs/protocol-ENV-seedS/ with piece.json when finished; a rerun skips

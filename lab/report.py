@@ -1,7 +1,7 @@
 """The study's command line: a result folder's tables, a result folder made from a run and its
 evaluations, one recipe's seeds side by side, a run's report.html, or the before/after table of
-evaluate.py outputs. The numbers are lab/stats.py's; result folders are lab/results.py's; the run
-report is lab/runreport.py's. Run it from the repository's root:
+evaluate.py outputs. The numbers are lab/stats.py's; result folders are lab/results.py's, their tables
+lab/tables.py's; the run report is lab/runreport.py's. Run it from the repository's root:
 
     python -m lab.report --publish runs/babyai-smollm2 results/babyai-smollm2 untrained=runs/.../eval-untrained ...
     python -m lab.report results/babyai-smollm2          # every table of that folder, from its files only
@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 
 from lab import runreport
-from lab.results import publish, refresh, render, seeds_table, unpack
+from lab.results import publish, refresh, unpack
 from lab.stats import compare, load_evals, paired_table
+from lab.tables import render, seeds_table
 
 
 USAGE = """usage:

@@ -5,7 +5,7 @@ offline, showing what the run's files hold:
    inline SVG each, with the ScalingInter horizon stages shaded (schedule.py);
 2. the before/after table of evaluations with task-level bootstrap intervals, when evaluate.py outputs
    are given as LABEL=EVAL_DIR (the numbers are lab/stats.py's: `compare` and `paired_table`), and the
-   validation curve recomputed from evals.jsonl (lab/results.py's `validation_curve`);
+   validation curve recomputed from evals.jsonl (lab/tables.py's `validation_curve`);
 3. an episode viewer: the episodes infra/runlog.py kept at the first step, each evaluation step and the last
    step (episodes.jsonl), every turn's observation and reply, the tokens the loss trains on
    highlighted, each reply's advantage, the reward, and for a browser env a screenshot of the page.
@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 
 import schedule as schedules
-from lab import results, stats
+from lab import stats, tables
 
 CURVES = (  # (metrics.jsonl key, title); "validation" joins eval_start/success and eval/success
     ("reward", "mean reward (training episodes)"),
@@ -53,14 +53,14 @@ def write(run_dir: str | Path, evals: list[tuple[str, Path]] = ()) -> Path:
 def page(run_dir: Path, evals: list[tuple[str, Path]]) -> str:
     cfg = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
     metrics = {}
-    for row in results._jsonl(run_dir / "metrics.jsonl"):  # a resumed run appends: the last row of a step wins
+    for row in tables._jsonl(run_dir / "metrics.jsonl"):  # a resumed run appends: the last row of a step wins
         metrics[row["step"]] = row
     sched = schedules.parse(cfg["horizon"]) if "horizon" in cfg else None
-    prov = results._jsonl(run_dir / "provenance.jsonl")
+    prov = tables._jsonl(run_dir / "provenance.jsonl")
     title = f"{cfg.get('env', '?')}, {cfg.get('algo', '?')}, {len(metrics)} of {cfg.get('steps', '?')} steps"
     head = (f"<p>Run directory <code>{esc(str(run_dir))}</code>; model <code>{esc(str(cfg.get('model')))}</code>; "
             f"{esc(str(cfg.get('tasks_per_step')))} tasks x {esc(str(cfg.get('samples_per_task')))} samples per "
-            f"step; horizon {esc(sched.describe() if sched else '?')}; commit {esc(results._commit(prov))}.</p>"
+            f"step; horizon {esc(sched.describe() if sched else '?')}; commit {esc(tables._commit(prov))}.</p>"
             f"<details><summary>config.json</summary><pre>{esc(json.dumps(cfg, indent=2))}</pre></details>")
     parts = [head, "<h2>Training curves</h2>", curves(metrics, sched),
              "<h2>Evaluations</h2>", evaluations(run_dir, evals),
@@ -189,7 +189,7 @@ def evaluations(run_dir: Path, evals: list[tuple[str, Path]]) -> str:
     else:
         parts.append("<p>No evaluations given. <code>python -m lab.report RUN_DIR before=EVAL_DIR after=EVAL_DIR</code> "
                      "adds the before/after table with task-level bootstrap intervals.</p>")
-    curve = results.validation_curve(run_dir)
+    curve = tables.validation_curve(run_dir)
     parts.append(markdown_html(curve, "validation") if curve else
                  "<p>No in-training evaluation in this run (train.py --eval-every).</p>")
     return "\n".join(parts)
@@ -200,7 +200,7 @@ def evaluations(run_dir: Path, evals: list[tuple[str, Path]]) -> str:
 def episodes(run_dir: Path) -> dict[int, list[dict]]:
     """episodes.jsonl by step; of a step logged twice (a resumed run) the last rows win."""
     kept = {}
-    for row in results._jsonl(run_dir / "episodes.jsonl"):
+    for row in tables._jsonl(run_dir / "episodes.jsonl"):
         kept[(row["step"], row["slot"])] = row
     by_step = {}
     for (step, _), row in sorted(kept.items()):

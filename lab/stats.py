@@ -1,8 +1,8 @@
 """The numbers and pictures of an evaluation: unbiased Pass@k, per-subtask rows, the markdown table,
 and the sample-scaling / interaction-scaling plots (the AgentGym-RL paper's Figures 9 and 8); the
 uncertainty of a success rate over tasks and the paired task-level bootstrap of two models on the
-same tasks; and evaluate.py's output files read back as records. Result folders (results/<name>/) and the
-tables regenerated from their files are in lab/results.py; lab/report.py is the command line.
+same tasks; and evaluate.py's output files read back as records. Result folders (results/<name>/) are
+lab/results.py's, the tables regenerated from their files lab/tables.py's; lab/report.py is the command line.
 
 Pure functions of episode records, dicts with task_id, subtask, budget, reward, success, turns, end;
 evaluate.py produces them and calls these. docs/evaluation.md says why the intervals are paired and

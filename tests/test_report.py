@@ -1,8 +1,8 @@
 """Tests of lab/stats.py's evidence: the task-clustered SE and the paired task-level bootstrap against
 hand values, a fixed-seed snapshot and a brute-force enumeration of every resample of a small case
 (float64 whatever the input dtype); then a real train.py run (validation curve in evals.jsonl) and two
-real evaluate.py runs, published into a result folder (lab/results.py) whose tables regenerate from its
-files alone."""
+real evaluate.py runs, published into a result folder (lab/results.py) whose tables (lab/tables.py)
+regenerate from its files alone."""
 from __future__ import annotations
 
 import itertools
@@ -20,6 +20,7 @@ import torch
 import evaluate as E
 from lab import stats as R
 from lab import results as RS
+from lab import tables as T
 from tests.test_evaluate import FAST, rec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,7 +130,7 @@ def test_a_score_with_a_failure_gets_progress_and_score_pass_at_k(tmp_path):
     # = 33.3%, Pass@2 score>0 (1 + 1 + 0) / 3 = 66.7%; Pass@1 = 16.7%, Pass@2 (a success among 2) 33.3%.
     # after: progress .25, .25, .5 (.333), no reward below 0 so mean score .333 too; success 0, 0, .5 (16.7%);
     # Pass@1 score>0 (1 + 1/2 + 1/2) / 3 = 66.7%, Pass@2 score>0 100.0%; Pass@1 16.7%, Pass@2 33.3%.
-    md = RS.render(_folder(tmp_path / "sci", SCORED))
+    md = T.render(_folder(tmp_path / "sci", SCORED))
     assert ("| evaluation | turns | tasks | episodes | success % | SE (tasks) | SE (naive) | progress | mean score (paper) "
             "| Pass@1 % | Pass@2 % | Pass@1, score > 0 % | Pass@2, score > 0 % |") in md
     assert "| before | 16 | 3 | 6 | 16.7 |" in md and "| 0.250 | -0.250 | 16.7 | 33.3 | 33.3 | 66.7 |" in md
@@ -146,16 +147,16 @@ def test_a_score_with_a_failure_gets_progress_and_score_pass_at_k(tmp_path):
     assert R.scored(recs["before"] + recs["after"]) and not R.scored(recs["after"])  # after alone: nothing below 0
     assert R.progress({"reward": -1.0}) == 0.0 and R.progress({"reward": 0.25}) == 0.25
     # the seeds side by side: success, progress and the paper's mean score, each seed's interval
-    seeds = RS.seeds_table([tmp_path / "sci", _folder(tmp_path / "sci2", SCORED)])
+    seeds = T.seeds_table([tmp_path / "sci", _folder(tmp_path / "sci2", SCORED)])
     assert "## Progress" in seeds and "## Mean score (paper" in seeds
     assert "| 16 | after | before | +0.083 [-0.250, +0.500] | +0.083 [-0.250, +0.500] | 0 of 2 | +0.083 |" in seeds
     # no reward below 0 (BabyAI's kind, partial credit and all): success and Avg reward only, as before
     plain = {label: [(t, max(r, 0.0), s) for t, r, s in rows] for label, rows in SCORED.items()}
-    md = RS.render(_folder(tmp_path / "plain", plain))
+    md = T.render(_folder(tmp_path / "plain", plain))
     assert "| success % | SE (tasks) | SE (naive) | Avg reward | Pass@1 % | Pass@2 % |\n" in md
     assert "progress" not in md and "score > 0" not in md and "mean score" not in md
     assert "| 16 | after | before | 3 | +0.0 [-50.0, +50.0] | +0.083 [-0.250, +0.500] |\n" in md  # Avg reward = progress
-    seeds = RS.seeds_table([tmp_path / "plain", _folder(tmp_path / "plain2", plain)])
+    seeds = T.seeds_table([tmp_path / "plain", _folder(tmp_path / "plain2", plain)])
     assert "## Progress" not in seeds and "## Mean reward (the env's own" in seeds
     # -1 or a success (MiniWoB++'s kind): no partial credit, so nothing to add either
     assert not R.scored([{"reward": -1.0, "success": False}, {"reward": 1.0, "success": True}])
@@ -164,12 +165,12 @@ def test_a_score_with_a_failure_gets_progress_and_score_pass_at_k(tmp_path):
 def test_an_evaluation_from_another_machine_says_so(tmp_path):
     """run.sh reuses seed 0's untrained evaluation in later seeds: its provenance names another CPU than
     the folder's training run, and the evaluations' list says so."""
-    md = RS.render(_folder(tmp_path / "f", SCORED, cpus={"before": "Intel", "after": "AMD", "run": "AMD"}))
+    md = T.render(_folder(tmp_path / "f", SCORED, cpus={"before": "Intel", "after": "AMD", "run": "AMD"}))
     (note,) = [line for line in md.splitlines() if line.startswith("- NOTE")]
     assert note.startswith("- NOTE: before was evaluated on another machine than this training run: CPU Intel "
                            "(run/provenance.jsonl: AMD), into `runs/before`.")
     assert "run.sh evaluates the untrained model once" in note  # `before` is the run's starting model
-    md = RS.render(_folder(tmp_path / "g", SCORED, cpus={"before": "AMD", "after": "AMD", "run": "AMD"}))
+    md = T.render(_folder(tmp_path / "g", SCORED, cpus={"before": "AMD", "after": "AMD", "run": "AMD"}))
     assert "- NOTE" not in md
 
 
@@ -304,7 +305,7 @@ def test_action_mix_counts_verbs_per_subtask():
         {"role": "assistant", "content": "```type [3] [Kasie] [1]``` and then ```click [4]```"},
         {"role": "assistant", "content": "Thought:\nx\n\nAction:\nclick [4]"}]}]  # a ReAct reply is no web action
     assert RS.action_mix(web, "miniwob") == {"click-tab": {"click": 1, "type": 1, "(invalid)": 1}}
-    table = "\n".join(RS.actions_table([]))
+    table = "\n".join(T.actions_table([]))
     assert table == ""
 
 
@@ -332,7 +333,7 @@ def test_refused_turns_reads_the_real_envs_refusals(tmp_path):
         (tmp_path / label / "actions.json").write_text(json.dumps(RS.action_mix([record], "babyai")))
         files.append((label, tmp_path / label / "actions.json"))
     (tmp_path / "a" / "refused.json").write_text(json.dumps(RS.refused_turns([record], "babyai")))
-    table = RS.actions_table(files)
+    table = T.actions_table(files)
     assert table[3].endswith("| other | refused by the env (of turns with an observation) |")
     assert table[5].endswith("| 50 |") and table[6].endswith("|  |")  # b has no refused.json: an empty cell
     assert table[-1] == "| a | 4 | 50.0 |" and len(table) == 11  # b is left out of the totals
