@@ -6,8 +6,8 @@
 
 The set-up part runs bench/gpu_check.py first (CUDA's own checks of infra/decode.py: the sampler's
 arithmetic, graphs on and off, SDPA's kernel, a failed capture), then bench/generate.py --device cuda; the
-check's figures go into the generator's JSON (key "check"), which part B plans from. DEVICE_PLAN says how
-the set-up call and part B fit the 15 minutes of device time, the machine's start included.
+check's figures go into the generator's JSON (key "check"), which part B plans from. bench/gpu_plan.py's
+DEVICE_PLAN says how the set-up call and part B fit the 15 minutes of device time, the machine's start included.
 
 Part A, the machinery on one GPU with the tiny model: train.py under torchrun (FSDP2 over NCCL, bf16 mixed
 precision, the transformers engine: the GPU image has no vLLM), a checkpoint written and resumed,
@@ -17,7 +17,7 @@ around a stand-in), and two ranks on one GPU (--device auto must fall back to th
 
 Part B, the BabyAI recipe (recipes.smollm2) at GPU scale in one call of at most 450 s, every phase bounded
 in time, with infra/decode.py's own generator (`--engine torch`; the image has no vLLM):
-  0. the plan: each phase's seconds estimated from the generator's benchmark (the set-up call's
+  0. the plan (bench/gpu_plan.py): each phase's seconds estimated from the generator's benchmark (the set-up call's
      bench/generate.py --device cuda, /tmp/generate.json) and the first H200 run's fixed costs (`estimate`,
      `needs`); each phase's timeout is its own seconds, start-up and save included, plus a margin
      (`timeout_for`); GRPO and its control get what the other phases leave (`fit_rl`), at most 330 s;
@@ -50,42 +50,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# GPU scale: what part B's seconds are spent on (override with GPU_RUN_<NAME>=value); rl_seconds is a cap,
-# `fit_rl` gives GRPO and its control what the other phases leave; timeout: a phase's where the plan gives none
-GPU = dict(tasks=64, samples=8, rl_seconds=330, bc_episodes=400, bc_seconds=0, eval_tasks=50, eval_every=3,
-           micro_tokens=32768, test_tasks=200, k=2, chunk=200, turns=8, max_tokens=40, horizon="6,8@6", timeout=300)
-# toy scale on the CPU: the same commands, seconds instead of minutes; every phase's timeout at least 900 s
-# (the GPU's estimates say nothing of this CPU: the dry run checks the commands, the tests the GPU's timeouts)
-DRY = dict(tasks=2, samples=2, rl_seconds=1, bc_episodes=8, bc_seconds=5, eval_tasks=2, eval_every=1,
-           micro_tokens=2048, test_tasks=3, k=2, chunk=3, turns=2, max_tokens=12, horizon="2", timeout=900)
-
-# Device time: a session gets 15 minutes for every call together; a machine's start, the transfers and the
-# minutes a machine idles warm count too (the device notes). The set-up call and part B (part A has passed)
-# fit in it: tests/test_gpu_config.py adds these up.
-DEVICE_S = 900
-CHECK_S, GENERATE_S = 90, 120  # the set-up call's phases' timeouts: bench/gpu_check.py, bench/generate.py
-BUDGET = {"setup": CHECK_S + GENERATE_S + 5, "A": 170, "B": 450}  # each part's wall seconds (GPU_RUN_BUDGET)
-RESERVE = {"setup": 5, "A": 25, "B": 15}  # of which the summary and the copy back keep (Phases.reserve)
-DEVICE_PLAN = {
-    "machine start": 120,                   # "a minute or more"; a failed start costs 1 to 2 minutes
-    "set-up call": 15 + BUDGET["setup"],    # installing the carried wheels (13 MiB), then the part
-    "transfers": 2 * 20,                    # the tree and a carried folder (up to 54 MiB) there, results back
-    "warm between the two calls": 30,       # the machine goes back after about 30 s idle
-    "part B call": 10 + BUDGET["B"],        # the GGUF put together and checked, then the part
-    "give_back at once": 10,
-}
-
-# a process's start-up with SmolLM2 on the H200 (first run: imports, the model, the engine), and the save that
-# ends a training phase (weights, and RL's checkpoint with AdamW's state: assumed, not yet measured)
-STARTUP_S, SAVE_S = 20, 15
-
-
-def scale(dry: bool) -> dict:
-    s = dict(DRY if dry else GPU)
-    for key in s:
-        if f"GPU_RUN_{key.upper()}" in os.environ:
-            s[key] = type(s[key])(os.environ[f"GPU_RUN_{key.upper()}"])
-    return s
+from bench.gpu_plan import (BUDGET, CHECK_S, DRY, GENERATE_S, RESERVE, estimate, fit_rl, needs, plan_b,  # noqa: E402
+                            scale, timeout_for)
 
 
 class Phases:
@@ -240,79 +206,6 @@ def _eval_summary(folder: Path) -> dict | None:
 
 
 UNTRAINED = ROOT / "results/babyai-smollm2-seed0/evals/untrained"  # 0.0% on these 200 x 2 (also 0.0% on the H200)
-
-
-def estimate(s: dict, bench: dict | None) -> dict:
-    """Part B's work in seconds before any is run, from the generator's benchmark on this GPU (the set-up
-    call's bench/generate.py --device cuda) and fixed costs measured on the first H200 run (docs/gpu.md):
-    the GGUF's conversion (36 s), the expert's play (58 ms an episode), the env's share of a 512-episode step
-    (1.7 s). Without the benchmark it assumes 5 ms a decode step at batch 512 (1.7x the bound of 3 ms) and
-    200k prefill tokens/s, and says so. Assumed too: 0.5 s an imitation step (8 episodes), and 6 s a report
-    phase (python -m lab.report: 7 CPU seconds each in the CPU dry run, mostly imports)."""
-    decode_ms, prefill = 5.0, 200_000.0
-    if bench:
-        row = bench["batches"].get("512") or bench["batches"][max(bench["batches"], key=int)]
-        decode_ms, prefill = row["decode_ms_per_step"], row["prefill_tokens_per_s"]
-    episodes = s["tasks"] * s["samples"]
-    turns = int(str(s["horizon"]).split("@")[0].split(",")[-1])
-    # a turn: its new tokens prefilled (the observation, ~120 tokens a row) and max_tokens decode steps
-    gen = turns * (s["max_tokens"] * decode_ms / 1000 + episodes * 120 / prefill)
-    update = 3 * episodes * 700 / 400_000  # old and reference logprobs, then forward + backward: ~400k tokens/s
-    bc_steps = -(-int(0.6 * s["bc_episodes"]) // 8)  # one pass over the successful demonstrations (57% on the H200)
-    return {"assumed": not bench, "decode_ms_512": decode_ms, "prefill_tokens_s": prefill,
-            "grpo_step_s": round(gen + 1.7 * episodes / 512 + update, 1),
-            "validation_s": round(turns * s["max_tokens"] * decode_ms / 1000 + 2, 1),  # eval_tasks episodes
-            "convert_s": 36, "expert_s": round(0.058 * s["bc_episodes"], 1), "imitate_s": 0.5 * bc_steps,
-            "bc_step_s": 0.5, "evals_s": round(STARTUP_S + 2 * s["test_tasks"] * turns * 0.004
-                                               + turns * s["max_tokens"] * decode_ms / 1000, 1),
-            "report_s": 6}
-
-
-def needs(s: dict, est: dict) -> dict:
-    """Each part-B phase's seconds, by name: its own work, a process's start-up and the save that ends it.
-    train.py stops after the step during which --rl-seconds ran out, and its validations (before the first
-    step, every eval_every steps and after the last) are outside that count; --bc-seconds likewise ends after
-    an optimizer step. The three evaluations and the three report phases each need the same."""
-    rl = s["rl_seconds"]
-    steps = rl / est["grpo_step_s"] + 1
-    return {"b0-convert": est["convert_s"],
-            "b1-warmstart": STARTUP_S + est["expert_s"] + est["imitate_s"] + SAVE_S,
-            "b2-grpo": STARTUP_S + rl + est["grpo_step_s"] + (steps / s["eval_every"] + 2) * est["validation_s"]
-            + SAVE_S,
-            "b2-imitation": STARTUP_S + rl + est["bc_step_s"] + SAVE_S,
-            "b3-eval": est["evals_s"], "b4-report": est["report_s"]}
-
-
-def timeout_for(need: float) -> int:
-    """A phase's timeout: its estimated seconds and a margin for the estimate (a fifth more, and 10 s)."""
-    return int(need * 1.2 + 10)
-
-
-def fit_rl(s: dict, est: dict, left: float) -> int:
-    """The most --rl-seconds, at most s["rl_seconds"] and at least 30, for which GRPO's and its control's
-    timeouts, then the evaluations' and the three report phases', fit in `left` seconds."""
-    rl = s["rl_seconds"]
-    while rl > 30:
-        n = needs({**s, "rl_seconds": rl}, est)
-        after = timeout_for(n["b3-eval"]) + 3 * timeout_for(n["b4-report"])
-        if timeout_for(max(n["b2-grpo"], n["b2-imitation"])) + after <= left:
-            break
-        rl -= 5
-    return rl
-
-
-def plan_b(s: dict, est: dict, budget: float, reserve: float) -> dict:
-    """Part B's plan before it runs: the conversion and the warm start taking their whole timeouts, RL fitted
-    into what they leave (at run time it is fitted again into what they really left); each phase's need and
-    timeout, and the sum of the timeouts of its stages (phases side by side count once)."""
-    first = needs(s, est)
-    used = timeout_for(first["b0-convert"]) + timeout_for(first["b1-warmstart"])
-    s = {**s, "rl_seconds": fit_rl(s, est, budget - reserve - used)}
-    n = needs(s, est)
-    phases = {name: {"need": round(v), "timeout": timeout_for(v)} for name, v in n.items()}
-    stages = ("b0-convert", "b1-warmstart", "b2-grpo", "b3-eval", "b4-report", "b4-report", "b4-report")
-    return {"rl_seconds": s["rl_seconds"], "phases": phases,
-            "grpo_steps_expected": int(s["rl_seconds"] // est["grpo_step_s"]), "timeouts_s": sum(phases[name]["timeout"] for name in stages), "budget_s": budget, "reserve_s": reserve}
 
 
 def part_b(out: Path, dry: bool, phases: Phases, s: dict, bench: dict | None = None) -> dict:

@@ -1,6 +1,6 @@
 """The GPU path's set-up, checked on the CPU: the device each rank takes, the dtype of the tiny model, the
 environment vLLM starts in, vLLM's share of the GPU, the memory plan's GPU rows (memplan.py), and the lent
-GPU's plan (bench/gpu_run.py): every phase's timeout above what it needs, the calls inside the device time.
+GPU's plan (bench/gpu_plan.py): every phase's timeout above what it needs, the calls inside the device time.
 
 No GPU is needed: a node's GPU count is an argument of the pure functions, and where a function reads
 torch.cuda itself the count is set with monkeypatch (the one thing this machine cannot have).
@@ -112,10 +112,10 @@ def test_the_full_copy_rank_0_loads_is_host_memory_on_a_gpu():
     assert sum(big["load"].values()) < 4 * big["params"] / 7
 
 
-def gpu_run():
-    """bench/gpu_run.py loaded by path (bench/ on sys.path would shadow envs/ in later subprocesses)."""
-    spec = importlib.util.spec_from_file_location("gpu_run", os.path.join(os.path.dirname(__file__), "..", "bench",
-                                                                          "gpu_run.py"))
+def bench_module(name: str):
+    """bench/<name>.py loaded by path (bench/ on sys.path would shadow envs/ in later subprocesses)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), "..", "bench",
+                                                                     f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -128,7 +128,7 @@ SLOW = {"batches": {"512": {"decode_ms_per_step": 20.0, "prefill_tokens_per_s": 
 def test_every_gpu_scale_phase_has_time_to_save_and_part_b_fits_its_budget(bench):
     """GPU scale once set --rl-seconds 330 under a 300-s timeout: GRPO and its control were killed before they
     saved (train.py saves after the step in which the seconds ran out, and start-up comes first)."""
-    g = gpu_run()
+    g = bench_module("gpu_plan")
     s = g.scale(dry=False)
     est = g.estimate(s, bench)
     plan = g.plan_b(s, est, g.BUDGET["B"], g.RESERVE["B"])
@@ -149,7 +149,7 @@ def test_every_gpu_scale_phase_has_time_to_save_and_part_b_fits_its_budget(bench
 
 
 def test_the_set_up_call_and_part_b_fit_the_device_time_with_the_machines_start():
-    g = gpu_run()
+    g = bench_module("gpu_plan")
     plan = g.DEVICE_PLAN
     assert sum(plan.values()) <= g.DEVICE_S == 15 * 60
     assert plan["machine start"] >= 60  # "a minute or more"
@@ -159,7 +159,7 @@ def test_the_set_up_call_and_part_b_fit_the_device_time_with_the_machines_start(
 
 
 def test_phases_side_by_side_record_their_rows_under_the_lock(tmp_path):
-    g = gpu_run()
+    g = bench_module("gpu_run")
     phases = g.Phases(tmp_path, timeout=60)
     rows = phases.parallel([(f"p{i}", [sys.executable, "-c", "pass"]) for i in range(6)])
     assert sorted(r["phase"] for r in phases.rows) == [f"p{i}" for i in range(6)] and all(r["code"] == 0 for r in rows)
