@@ -53,7 +53,7 @@ def stop_ids(tokenizer_or_dir, model_dir: str | None = None) -> tuple[int, ...]:
 
 def cpu_supports_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU multiplies bf16 natively (AMX-BF16 or AVX512-BF16 in /proc/cpuinfo's flags). With
-    them bf16 generates about 2-3x faster than fp32 (measured on a 2-core AMX CPU); without them oneDNN
+    them bf16 generates several times faster than fp32 (figures: docs/performance.md); without them oneDNN
     emulates bf16 and it gains little. False off Linux/x86. `torch.backends.cpu.get_cpu_capability()`
     cannot tell: it says "AVX512" with or without the bf16 extensions."""
     try:

@@ -6,10 +6,10 @@ resumed run sees exactly the data an uninterrupted one would.
 `rank_share` splits the step's `tasks x samples` episodes over the ranks. When the group size divides
 evenly, every rank plays an equal part of EVERY group. Why: the update skips a row whose advantage is
 zero everywhere (a GRPO group whose rewards are all equal), so with whole groups per rank the ranks'
-work follows how many informative groups each happened to draw. With a BabyAI warm start, 75% of the
-groups were constant and the 2 informative ones of a step often sat on one rank: that rank ran the
-whole update while the other waited at the next collective. Split groups keep the ranks level, and
-each rank's part of a group still shares its prompt in the update (infra/prefix.py).
+work follows how many informative groups each happened to draw. With a BabyAI warm start most groups
+were constant and the few informative ones of a step often sat on one rank: that rank ran the whole
+update while the other waited at the next collective (figures: docs/performance.md). Split groups keep the
+ranks level, and each rank's part of a group still shares its prompt in the update (infra/prefix.py).
 
 `Curriculum` (`--curriculum`) draws the step's tasks by level instead: a level's weight is the Laplace
 estimate (informative + 1) / (groups + 2) of how often its groups have been informative so far in the

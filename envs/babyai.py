@@ -314,9 +314,9 @@ class BabyAI:
 
     # -- episode
     def reset(self, task_id: int) -> str:
-        # A new level object each time (about 0.2 ms), as the original server made one per reset: minigrid
-        # <= 3.1 keeps the last locked room of a Synth or Boss level across resets, so a reused object
-        # would make a task's mission depend on the tasks played before it.
+        # A new level object each time (cheap: docs/environments.md), as the original server made one per
+        # reset: minigrid <= 3.1 keeps the last locked room of a Synth or Boss level across resets, so a reused
+        # object would make a task's mission depend on the tasks played before it.
         if self.env is not None:
             self.env.close()
         self.env = gym.make(self.level(task_id)).unwrapped  # no wrappers: we drive it

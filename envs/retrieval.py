@@ -3,7 +3,7 @@
     class Retriever(Protocol):
         def search(self, query: str, k: int) -> list[int]: ...
 
-- `BM25` (the default): lexical retrieval with `bm25s` (numpy only, about 0.3 ms a query on 10k passages);
+- `BM25` (the default): lexical retrieval with `bm25s` (numpy only, fast: docs/environments.md);
   only passages with a positive score are returned, so a query of unknown words finds nothing.
 - `Dense`: the paper's kind of retrieval (it used e5 over the 2018 Wikipedia dump). A user-supplied
   encoder (any HF model directory or name; `tiny` for tests) embeds text by mean pooling its last

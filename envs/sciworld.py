@@ -8,12 +8,12 @@ output of `look around`, as in AgentGym. The reward is the running score / 100 (
 -100, so -1, and ends the episode); success is a score of 100.
 
 Engineering departures from `scienceworld.ScienceWorldEnv` (same simulator, same answers):
-- one JVM per instance, started with a capped heap (-Xmx512m -XX:+UseSerialGC: about 220-500 MB
-  resident instead of about 1.4 GB) and reused across episodes with `load()`. ScienceWorldEnv cannot
+- one JVM per instance, started with a capped heap (-Xmx512m -XX:+UseSerialGC: a fraction of the default's
+  resident memory; figures: docs/environments.md) and reused across episodes with `load()`. ScienceWorldEnv cannot
   pass JVM options, so `_launch_jvm` starts the jar with py4j itself, as ScienceWorldEnv does;
 - step() talks to the simulator's Scala interface directly and skips what ScienceWorldEnv.step() adds
-  to every call: the enumeration of all valid action/object combinations (~126 ms, most of a step)
-  and the look/inventory/task strings. The valid actions are computed only when the agent asks
+  to every call: the enumeration of all valid action/object combinations (most of a step's time) and
+  the look/inventory/task strings. The valid actions are computed only when the agent asks
   ('check valid actions') or a caller calls `valid_actions()`;
 - a JVM that dies or stops answering (py4j read timeout) never hangs or raises out of step(): the
   step says so, ends the episode and sets `crashed`/`error`; the next reset starts a fresh JVM.
@@ -42,15 +42,15 @@ Action parsing (`parser`): "ours" takes the first non-empty line after a single 
 
 Expert (`expert()`, for warmstart.py's demonstrations): the next action of the simulator's gold path,
 as 'Thought:\\nStep k of n of the plan.\\n\\nAction:\\n<action>'. The path is built on the expert's first call
-of an episode (`load(..., gold=True)` runs the simulator's gold agent: about 0.2-3 s for the short task
-types, ~30 s for Mendelian genetics), never at a plain reset. On the 1,030 dev variations of 19 task types
-(all but boil, freeze, the known melting point, growing, life stages 1, inclined planes and genetics) every
-path built, and replayed in one reused JVM 974 reached score 100 within 80 turns; 45 paths are longer than
-that (melt, change of state, unknown melting point), and 11 of test-conductivity's 225 failed: their paths
-answer an ambiguous `drop shovel` with '0', the gold agent's choice, and the options can come in another
-order (the JVM's identity-hash order), so '0' drops the wrong shovel. The gold agent's route can also differ
-between two builds of one task. A path that cannot be built or runs out raises, which warmstart.py
-counts as one failed demonstration.
+of an episode (`load(..., gold=True)` runs the simulator's gold agent: seconds for the short task types, far
+longer for Mendelian genetics; figures: docs/environments.md), never at a plain reset. On the 1,030 dev
+variations of 19 task types (all but boil, freeze, the known melting point, growing, life stages 1, inclined
+planes and genetics) every path built, and replayed in one reused JVM 974 reached score 100 within 80 turns;
+45 paths are longer than that (melt, change of state, unknown melting point), and 11 of test-conductivity's
+225 failed: their paths answer an ambiguous `drop shovel` with '0', the gold agent's choice, and the options
+can come in another order (the JVM's identity-hash order), so '0' drops the wrong shovel. The gold agent's
+route can also differ between two builds of one task. A path that cannot be built or runs out raises, which
+warmstart.py counts as one failed demonstration.
 
 Determinism: load() reseeds the simulator's RNG with the variation, so the first observation of a task
 id is reproducible. A few dynamics (bees, wandering animals, Mendelian pollination) also depend on the
@@ -285,8 +285,8 @@ class SciWorld:
 
     # -- episode
     def reset(self, task_id: int, *, gold: bool = False) -> str:
-        """Load task `task_id`; `gold=True` also has the simulator build its gold path now (slow: 0.2-3 s
-        for short task types, ~30 s for Mendelian genetics; `expert()` builds it on its first call instead, so a plain reset stays fast)."""
+        """Load task `task_id`; `gold=True` also has the simulator build its gold path now (slow, see the module
+        docstring; `expert()` builds it on its first call instead, so a plain reset stays fast)."""
         name, variation = self.locate(task_id)
         if self.crashed or self._process is None or self._process.poll() is not None:
             self._restart()
@@ -328,7 +328,7 @@ class SciWorld:
         return max(-1.0, min(1.0, self.score / 100))
 
     def valid_actions(self) -> list[str]:
-        """Every valid action/object combination in the current state (expensive: ~0.1 s; on demand only)."""
+        """Every valid action/object combination in the current state (expensive; on demand only)."""
         # The JSON variant returns a plain string, so no Java list object is left behind per call.
         return [a["action"] for a in json.loads(self._sim.getValidActionObjectCombinationsJSON())["validActions"]]
 
@@ -411,7 +411,7 @@ class SciWorld:
                 self._sim.load(name, variation, self.simplifications, False)
             for action in played:
                 self._sim.step(action)
-        except Py4JError as e:  # JVM gone, or no answer within `timeout` (building a path can take ~30 s)
+        except Py4JError as e:  # JVM gone, or no answer within `timeout` (building a gold path can be slow)
             self._crash(e)
             self._gold_error = f"the simulator crashed or stopped responding while building it ({self.error[:200]})"
             return

@@ -37,7 +37,7 @@ Departures from the paper, and why:
   the question: test when crc32 % 5 == 0, validation when crc32 % 10 == 1 (about 10%, taken from what
   was train before the split existed), train otherwise.
 
-The index is built once per process per corpus (about 2 s for the default corpus) and shared by
+The index is built once per process per corpus (figures: docs/environments.md) and shared by
 all instances. Test: `python -m pytest tests/test_searchqa.py`.
 """
 from __future__ import annotations

@@ -11,9 +11,8 @@ drops every linear layer's packed weight (vLLM's CPU layers multiply with a oneD
 weight, held by the layer's `cpu_linear` closure) and shrinks the KV cache's storage to nothing. The
 next `sync_weights` packs new weights (the reload repacks every layer it loads; `restore_cpu` packs the
 rest, i.e. an LM head tied to the embedding) and `wake()` gives the KV cache its storage back, zeroed
-(the CPU attention kernel reads masked slots too, so garbage there would be NaN). For SmolLM2 with 16
-sequences of 2,048 tokens that is 1.2 GB less in every rank while the trainer updates (the whole
-KV cache and the packed copies).
+(the CPU attention kernel reads masked slots too, so garbage there would be NaN). Every rank then holds
+neither the KV cache nor the packed copies while the trainer updates (figures: docs/performance.md).
 
 Test: tests/test_engine.py.
 """
@@ -34,8 +33,8 @@ from infra.vllm_cpu import guard_llvmlite, release_cpu, restore_cpu
 # oneDNN keeps every GEMM primitive (JIT-compiled kernel) it creates in a process-wide cache, 1024 entries by
 # default. vLLM's CPU linear layers create one per distinct number of tokens in a forward pass, and
 # multi-turn rollouts with prefix caching make almost every prefill's token count new: the cache filled
-# with one-off kernels, about 1 MB of live heap per generate call, which showed up as a steady RSS growth
-# of every rank over a long run (bench/soak.py). A small cap bounds it: vLLM's per-layer handlers keep
+# with one-off kernels, which showed up as a steady growth of every rank's heap over a long run
+# (bench/soak.py; figures: docs/reliability.md). A small cap bounds it: vLLM's per-layer handlers keep
 # their own small cache of the shapes that recur (decode batch sizes), and a shape seen again after its
 # eviction is only compiled again. Set before any primitive is created: oneDNN reads it once.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
@@ -48,8 +47,8 @@ def vllm_available() -> bool:
 
 
 def engine_kind(kind: str, device: str) -> str:
-    """auto: vLLM where installed; else on CUDA the project's own decode loop (infra/decode.py, about 50x faster
-    there than transformers' generate by design: docs/gpu.md), and on the CPU transformers' generate."""
+    """auto: vLLM where installed; else on CUDA the project's own decode loop (infra/decode.py, far faster
+    there than transformers' generate by design; figures: docs/gpu.md), and on the CPU transformers' generate."""
     if kind != "auto":
         return kind
     return "vllm" if vllm_available() else "torch" if device.startswith("cuda") else "hf"
@@ -61,10 +60,10 @@ COMPILE_PARAMETERS = 50_000_000  # auto compiles from here up: SmolLM2-135M yes,
 def compiles(choice: str, model_dir: str, device: str) -> bool:
     """Whether vLLM runs the model through torch.compile. On GPU, auto is vLLM's own default (compiled,
     with CUDA graphs). On CPU the model otherwise runs eagerly, one kernel call per op: at SmolLM2's size a
-    decode step of 16 sequences then takes about twice the time its memory traffic needs; inductor's fused
-    kernels bring that to 1.65x (decode 0.84x, prefill 0.63x of eager's time; bench/generate.py --compare).
-    Start-up costs about a minute more on 2 cores, even with vLLM's compile cache filled, so auto leaves
-    models under COMPILE_PARAMETERS eager: there the start-up would cost more than the decode it saves."""
+    decode step is then well above what its memory traffic needs, and inductor's fused kernels bring it
+    closer (bench/generate.py --compare; figures: docs/performance.md). Compiling lengthens start-up even
+    with vLLM's compile cache filled, so auto leaves models under COMPILE_PARAMETERS eager: there the
+    start-up would cost more than the decode it saves."""
     if choice not in ("auto", "on", "off"):
         raise ValueError(f"unknown compile choice {choice!r}; use auto, on or off")
     if choice != "auto":
@@ -88,8 +87,7 @@ def kv_cache_bytes(model_dir: str, dtype: str, max_model_len: int, max_seqs: int
     """Bytes of KV cache for `max_seqs` sequences of `max_model_len` tokens, plus a quarter for prefix
     caching, at most `cap_gib` GiB: what the step's episodes need, to the byte (VLLM_CPU_KVCACHE_SPACE
     counts whole GiB: a 16-episode SmolLM2 batch of 660 tokens needs 0.15 GB, and would get 1 GiB). Too
-    small a cache thrashes: 32 SmolLM2 BabyAI episodes in 1 GiB took about 15 minutes instead of a few
-    (preempted requests recompute)."""
+    small a cache thrashes: preempted requests recompute (figures: docs/performance.md)."""
     from transformers import AutoConfig
 
     c = AutoConfig.from_pretrained(model_dir)
@@ -104,7 +102,7 @@ def vllm_environment(device: str, kv_cache_bytes: int | None = None) -> None:
     `reload_weights` an iterator over the trainer's tensors (CUDA tensors on a GPU), which cannot follow
     the engine into a child process. So VLLM_ENABLE_V1_MULTIPROCESSING is forced to 0, not defaulted: a
     preset `=1` would move a one-rank engine into a child (under torchrun the external launcher already
-    keeps it here). In-process also starts in 2 s instead of 12 on this CPU."""
+    keeps it here). In-process also starts several times sooner on a CPU (figures: docs/performance.md)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if device == "cpu" and kv_cache_bytes is None:  # vLLM's CPU default otherwise takes what it finds
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -253,7 +251,7 @@ class HFEngine:
                                       generation_config=self._generation_config(params, max(caps)))
         new = out.sequences[:, width:]                                        # (B, N)
         # one step's raw logits (B, V) at a time: stacking all N steps in float32 cost 8 GB at 512 x 40 tokens
-        # of a 49,152-token vocabulary (measured on an H200: 38.9 GB peak for a 135M model)
+        # of a 49,152-token vocabulary (the GPU's peak it was measured in: docs/gpu.md)
         logp = torch.stack([torch.log_softmax(step.float(), -1).gather(-1, new[:, t, None]).squeeze(-1)
                             for t, step in enumerate(out.logits)], dim=1)     # (B, N)
         samples = []

@@ -7,9 +7,9 @@ weight sync, evaluation, a checkpoint) sets a rank's peak, to read beside the me
     peaks.take()        # the same since the last take (a training step's, for metrics.jsonl)
     peaks.top()         # the process's peak over its whole life
 
-Why: one figure for a whole run (ru_maxrss) said a LoRA run peaked 1.2 GB over its plan, but not where;
-the update step alone matched the plan, so the excess was somewhere else in the run, and only a phase-by-
-phase reading could say where.
+Why: one figure for a whole run (ru_maxrss) said a LoRA run peaked over its plan (figures:
+docs/performance.md), but not where; the update step alone matched the plan, so the excess was somewhere
+else in the run, and only a phase-by-phase reading could say where.
 
 How: Linux keeps a process's resident high-water mark (VmHWM in /proc/self/status) and resets it to the
 current resident size when 5 is written to /proc/self/clear_refs (Linux >= 4.0). Each phase folds the mark

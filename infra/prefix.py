@@ -184,8 +184,9 @@ class TailAttention(torch.autograd.Function):
     """The continuations' attention on CPU without a mask: each query sees its group's whole prefix and
     its own row causally, so it is two flash-attention calls, one over the prefix's keys (no mask) and
     one over its own (`is_causal`), merged by their log-sum-exps. PyTorch's CPU flash kernel runs an
-    explicit mask 1.7x slower than `is_causal` over the same keys and cannot skip a masked block, so the
-    one masked call over [prefix, own] keys paid for C x (P + C) scores where C x P + C^2 / 2 are seen.
+    explicit mask slower than `is_causal` over the same keys (figures: docs/performance.md) and cannot skip a
+    masked block, so the one masked call over [prefix, own] keys paid for C x (P + C) scores where
+    C x P + C^2 / 2 are seen.
 
     Backward (as in blockwise "ring" attention): with the merged output O and log-sum-exp L, each part's
     probabilities are exp(s - L), and dS = P * (dP - rowsum(dO * O)) needs nothing else, so the kernel's

@@ -117,8 +117,9 @@ def log_outcomes(path: str | Path, step: int, name: str, episodes, subtask, budg
 def memory_metrics() -> dict:
     """The largest rank's resident set and live C heap after the step's frees (bench/soak.py's leak check).
     glibc keeps most freed memory (its mmap threshold rises to 32 MB as tensors are freed, so later ones
-    come from its arenas), and the RSS of a rank then swings by 300-600 MB a step over a floor that creeps
-    up; trimmed first (`--trim-heap`), it follows the live heap. A collective."""
+    come from its arenas), and the RSS of a rank then swings by hundreds of MB a step over a floor that
+    creeps up (figures: docs/reliability.md); trimmed first (`--trim-heap`), it follows the live heap. A
+    collective."""
     import torch
     import torch.distributed as dist
 
