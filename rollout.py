@@ -4,11 +4,11 @@ Paper, section 2 (the agent-environment loop): at each turn the policy reads the
 emits a thought and an action; the environment answers with an observation, a reward and a done flag,
 until done or the turn budget of the horizon schedule (ScalingInter-RL) runs out.
 
-Each turn of `rollout()`:
-  1. the actor replies to every live episode: one batched `engine.generate` (the prompt is the episode's
-     token ids), or, for the warm start's demonstrations, the env's own solver (`Expert`);
+`rollout()` opens every episode from its env's reset (`begin`), then each turn:
+  1. the actor replies to every live episode (`replies`): one batched `engine.generate` (the prompt is the
+     episode's token ids), or, for the warm start's demonstrations, the env's own solver (`Expert`);
   2. the env steps of those episodes run concurrently in a thread pool (results kept in order);
-  3. the observation is appended as tokens, unless the episode ended.
+  3. each answer goes into its episode (`observe`): the observation appended as tokens, unless it ended.
 
 Token-exact bookkeeping (docs/design.md): the ids the sampler produced are the ids that are trained on,
 end-of-turn token included; the history is never decoded and re-encoded. Observation tokens come
@@ -234,35 +234,15 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
     t = time.perf_counter()
     firsts = calls(pool, [(envs[i].reset, tasks[i][0]) for i in range(len(tasks))], play.env_timeout)
     timing["env"] += time.perf_counter() - t
-    episodes = []
-    for i, ((task_id, group), (obs, err)) in enumerate(zip(tasks, firsts)):
-        instruction, acknowledgement = play.framing.opening(envs[i]) if err is None else ("", None)
-        ep = Episode(task_id, group, [], 0, messages=opening(instruction, acknowledgement))
-        if err is not None:
-            ep.end, ep.error = "env_error", err
-            envs[i] = replace_env(envs[i], make_env, hung=err.startswith("TimeoutError"))
-        else:
-            ep.ids = chat.prompt(instruction, obs, acknowledgement)
-            ep.prompt_len = len(ep.ids)
-            ep.messages.append({"role": "user", "content": obs} | info(envs[i]))
-            if play.states:
-                ep.states.append(state_key(obs))
-            if ep.prompt_len >= play.max_context:
-                ep.end = "context"
-        episodes.append(ep)
+    episodes = [begin(task, result, i, envs, make_env, chat, play) for i, (task, result) in enumerate(zip(tasks, firsts))]
 
     for turn in range(play.max_turns):
         live = [i for i, ep in enumerate(episodes) if not ep.end]
         if not live:
             break
-        caps = [min(play.max_tokens, play.max_context - len(episodes[i].ids)) for i in live]
         t = time.perf_counter()
-        if isinstance(actor, Expert):
-            samples = actor.replies([envs[i] for i in live], caps, pool, play.env_timeout)
-        else:
-            seeds = None if play.seed is None else [reply_seed(play.seed, first + i, turn) for i in live]
-            samples = actor.generate([episodes[i].ids for i in live],
-                                     Sampling(caps, play.temperature, play.top_p, seeds, chat.stop_ids))
+        samples = replies(actor, chat, [episodes[i] for i in live], [envs[i] for i in live], play, pool,
+                          [first + i for i in live], turn)
         timing["generate"] += time.perf_counter() - t
         faults.point("rollout_turn")  # test-only crash point (faults.py): a no-op unless TRAIN_FAULT names it
 
@@ -271,42 +251,16 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
             if s.end:  # the actor could not reply (the expert's own failure): the episode ends here
                 episodes[i].end, episodes[i].error = s.end, s.error
                 continue
+            text = chat.decode(s.ids) if s.text is None else s.text
             episodes[i].append(s.ids, True, s.logprobs)
             episodes[i].turns += 1
-            text = chat.decode(s.ids) if s.text is None else s.text
             episodes[i].messages.append({"role": "assistant", "content": text})
             acted.append((i, s, text))
         t = time.perf_counter()
         results = calls(pool, [(envs[i].step, text) for i, _, text in acted], play.env_timeout)
         timing["env"] += time.perf_counter() - t
-
-        for (i, s, _), (result, err) in zip(acted, results):
-            ep, env = episodes[i], envs[i]
-            if err is None and getattr(env, "crashed", False):
-                err = getattr(env, "error", None) or "simulator crashed"
-            if err is not None:
-                ep.end, ep.error = "env_error", err
-                envs[i] = replace_env(env, make_env, hung=err.startswith("TimeoutError"))
-                continue
-            obs, ep.reward, done = result
-            ep.messages[-1].update(info(env))  # what the env reported about this reply's step
-            ep.best = max(ep.best, ep.reward)
-            ep.success = bool(getattr(env, "success", False))
-            ep.refused += bool(getattr(env, "refused", False))
-            if done:
-                ep.end = "done"
-                continue
-            if turn + 1 == play.max_turns:
-                ep.end = "horizon"
-                continue
-            obs_ids = chat.observation(obs, stopped=bool(s.ids) and s.ids[-1] == chat.eos_id)
-            if len(ep.ids) + len(obs_ids) >= play.max_context:  # no room left for another reply
-                ep.end = "context"
-                continue
-            ep.append(obs_ids, False)
-            ep.messages.append({"role": "user", "content": obs})
-            if play.states:
-                ep.states.append(state_key(obs))
+        for (i, s, _), result in zip(acted, results):
+            observe(episodes[i], result, i, envs, make_env, chat, play, s, last=turn + 1 == play.max_turns)
     for ep in episodes:
         ep.end = ep.end or "horizon"
         del ep.states[ep.turns:]  # an observation no turn answered (the context was full) is no state of a turn
@@ -314,6 +268,67 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
         pool.shutdown(wait=abandoned() == abandoned_before)
     timing["other"] = time.perf_counter() - start - timing["generate"] - timing["env"]
     return episodes, timing
+
+
+def begin(task: tuple[int, int], result, i: int, envs: list, make_env, chat: ChatFormat, play: Play) -> Episode:
+    """Episode i opened from its env's reset `result` ((observation, None) or (None, error)): the framing's
+    instruction, the first observation as the prompt; an env that raised is flagged and replaced."""
+    (task_id, group), (obs, err) = task, result
+    instruction, acknowledgement = play.framing.opening(envs[i]) if err is None else ("", None)
+    ep = Episode(task_id, group, [], 0, messages=opening(instruction, acknowledgement))
+    if err is not None:
+        ep.end, ep.error = "env_error", err
+        envs[i] = replace_env(envs[i], make_env, hung=err.startswith("TimeoutError"))
+        return ep
+    ep.ids = chat.prompt(instruction, obs, acknowledgement)
+    ep.prompt_len = len(ep.ids)
+    ep.messages.append({"role": "user", "content": obs} | info(envs[i]))
+    if play.states:
+        ep.states.append(state_key(obs))
+    if ep.prompt_len >= play.max_context:
+        ep.end = "context"
+    return ep
+
+
+def replies(actor, chat: ChatFormat, episodes: list[Episode], envs: list, play: Play, pool, indices: list[int],
+            turn: int) -> list[Sample]:
+    """The actor's replies to the live `episodes` (global episode `indices`), each capped by the reply
+    budget and the room left in the context: one batched generation, or the expert's moves."""
+    caps = [min(play.max_tokens, play.max_context - len(ep.ids)) for ep in episodes]
+    if isinstance(actor, Expert):
+        return actor.replies(envs, caps, pool, play.env_timeout)
+    seeds = None if play.seed is None else [reply_seed(play.seed, k, turn) for k in indices]
+    return actor.generate([ep.ids for ep in episodes], Sampling(caps, play.temperature, play.top_p, seeds, chat.stop_ids))
+
+
+def observe(ep: Episode, result, i: int, envs: list, make_env, chat: ChatFormat, play: Play, s: Sample,
+            last: bool) -> None:
+    """The env's answer to episode i's reply `s` (((obs, reward, done), None) or (None, error)) into the
+    episode: its reward, success and refusals, and either its end (done, the turn budget, a full context,
+    an env error: the env replaced) or the observation's tokens for the next turn."""
+    (step, err), env = result, envs[i]
+    if err is None and getattr(env, "crashed", False):
+        err = getattr(env, "error", None) or "simulator crashed"
+    if err is not None:
+        ep.end, ep.error = "env_error", err
+        envs[i] = replace_env(env, make_env, hung=err.startswith("TimeoutError"))
+        return
+    obs, ep.reward, done = step
+    ep.messages[-1].update(info(env))  # what the env reported about this reply's step
+    ep.best = max(ep.best, ep.reward)
+    ep.success = bool(getattr(env, "success", False))
+    ep.refused += bool(getattr(env, "refused", False))
+    if done or last:
+        ep.end = "done" if done else "horizon"
+        return
+    obs_ids = chat.observation(obs, stopped=bool(s.ids) and s.ids[-1] == chat.eos_id)
+    if len(ep.ids) + len(obs_ids) >= play.max_context:  # no room left for another reply
+        ep.end = "context"
+        return
+    ep.append(obs_ids, False)
+    ep.messages.append({"role": "user", "content": obs})
+    if play.states:
+        ep.states.append(state_key(obs))
 
 
 def play_rounds(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object], tasks: list[tuple[int, int]],
