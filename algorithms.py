@@ -3,8 +3,8 @@ episode rewards become per-token advantages and returns.
 
 Everything here is model-free and works on padded (B, T) token tensors plus a loss mask that is 1
 exactly on tokens the policy sampled (assistant content and its end-of-turn token) and 0 on the
-prompt, role headers, observations and padding (masked.py: its reductions, and entries at mask 0 never
-read). Estimators (AgentGym-RL trains with all four):
+prompt, role headers, observations and padding (losses.py: the masked reductions, and entries at mask 0
+never read). Estimators (AgentGym-RL trains with all four):
 
     grpo / rloo          group baselines on the scalar episode reward, broadcast to policy tokens
     reinforce++(_baseline)  token rewards, return-to-go over policy tokens, batch whitening
@@ -24,13 +24,15 @@ docstring concerned:
   * a group of size 1 gets advantage 0 for GRPO and RLOO (verl's GRPO hands it the raw reward);
   * non-finite rewards, or non-finite values/KL on policy tokens, raise ValueError in `advantages`.
 
-Numerical choices (the batch statistics' own are in masked.py):
+Numerical choices:
   * group statistics (means and stds) are float64, whatever the input dtype: a float32 mean of eight
     rewards of 0.97 is one rounding unit off, its "std" is then about 1e-7, and (r - mean) / (std + 1e-6)
     turned an all-equal group into advantages of 0.1;
   * a constant group (GRPO, RLOO, the reinforce++_baseline centring) gets exactly 0, by an explicit
     max == min test, not by hoping the rounding cancels;
-  * eps sits where it bounds the division: GRPO divides by std + eps (eps 1e-6, as verl);
+  * eps sits where it bounds the division: GRPO divides by std + eps (eps 1e-6, as verl); whitening
+    multiplies by rsqrt(var + eps) (eps 1e-8), one function (`masked_whiten`, reductions passed in) for
+    the single-process and the cross-rank paths; masked variance of fewer than 2 elements is 0;
   * results are at least float32.
 
 Dimension legend:  B episodes (rows)  T token positions  G groups (tasks)
@@ -46,7 +48,48 @@ from torch import Tensor
 import gigpo
 # the losses too, under the names train.py and config.py read them by (A.policy_loss, algorithms.AGGREGATIONS)
 from losses import AGGREGATIONS, aggregate, kl_loss, kl_penalty, policy_loss, value_loss  # noqa: F401
-from masked import _float, _keep, masked_whiten
+from losses import _float, _keep, masked_mean, masked_sum
+
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance over all masked entries: sum m (x - mean)^2 / (n - 1) (or / n if not unbiased). Departure:
+    fewer than 2 masked entries give 0, where verl raises on n == 1 (a single token carries no spread)."""
+    n = masked_sum(torch.ones_like(x), mask)
+    dev2 = masked_sum((x - masked_mean(x, mask)) ** 2, mask)
+    denom = n - 1 if unbiased else n
+    return torch.where(n >= 2, dev2 / denom.clamp(min=1), torch.zeros_like(dev2))
+
+
+def _identity(t: Tensor) -> Tensor:
+    return t
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8,
+                  reduce_sum=None, reduce_max=None) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over the masked entries (unbiased var); mean added back if not
+    shift_mean. The one whitening of the project: `advantages` uses it on a local batch and the trainer
+    on a batch spread over ranks, passing `reduce_sum` / `reduce_max` (float64 tensor -> the same
+    tensor summed / maxed over ranks; identity by default), so both give the same numbers.
+
+    Statistics are float64 (see the module docstring). A constant batch gives exactly 0: its max
+    equals its min, which is checked explicitly rather than trusted to rounding. Fewer than two
+    masked entries also give 0. Departure from verl: the result is 0 at mask-0 positions instead of
+    garbage there. Returns at least float32, in x's dtype when wider.
+    """
+    reduce_sum, reduce_max = reduce_sum or _identity, reduce_max or _identity
+    m = mask.bool()
+    x64 = _keep(x.double(), m)
+    n, total = reduce_sum(torch.stack([m.sum().double(), x64.sum()])).unbind()
+    mean = total / n.clamp(min=1)
+    ss = reduce_sum(_keep((x64 - mean) ** 2, m).sum())
+    var = torch.where(n >= 2, ss / (n - 1).clamp(min=1), torch.zeros_like(ss))
+    low = torch.tensor(-float("inf"), dtype=torch.float64, device=x.device)
+    extremes = [torch.where(m, v, low).amax() if v.numel() else low for v in (x64, -x64)]
+    hi, neg_lo = reduce_max(torch.stack(extremes)).unbind()   # max and -min over all ranks
+    constant = (hi <= -neg_lo) | (n < 2)
+    out = torch.where(constant, torch.zeros_like(x64), (x64 - mean) * torch.rsqrt(var + eps))
+    out = out if shift_mean else out + mean
+    return _keep(out, m).to(_float(x.dtype))
+
 
 ESTIMATORS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "gae", "gigpo")
 

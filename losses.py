@@ -2,8 +2,10 @@
 loss, the KL to the reference model (three per-token estimators and the loss term), and the one
 aggregation they all share.
 
-The mask is 1 exactly on tokens the policy sampled (masked.py); entries at mask 0 are never read, even if
-NaN. Departures from common implementations, each repeated in the docstring concerned:
+The mask is 1 exactly on tokens the policy sampled and 0 on the prompt, role headers, observations and
+padding. Entries at mask 0 are never read, not by the result, not by the gradient, even if NaN (`_keep`
+selects with `torch.where`, since NaN * 0 is NaN); the masked reductions here are the ones the advantage
+estimators (algorithms.py) use too. Departures from common implementations, each repeated in the docstring concerned:
   * losses divide by a normaliser the trainer passes (the global token or sequence count across ranks
     and micro-batches), so the gradient does not depend on how a batch was split;
   * the KL term is aggregated exactly like the policy loss (same `agg`, same normaliser), so its weight
@@ -20,10 +22,30 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from masked import _float, _keep, masked_mean, masked_sum
-
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-sum-norm")
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps exp() finite so backward never meets inf * 0 = NaN
+
+
+def _float(dtype: torch.dtype) -> torch.dtype:
+    """The dtype to compute in: at least float32 (int rewards, bf16 log-probs)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _keep(x: Tensor, mask: Tensor) -> Tensor:
+    """x where mask is 1, exactly 0 elsewhere. `torch.where`, not `x * mask`: NaN * 0 is NaN."""
+    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim=None) -> Tensor:
+    """sum_t m_t x_t over `dim` (all dims if None). Entries with mask 0 are never read."""
+    kept = _keep(x, mask)
+    return kept.sum() if dim is None else kept.sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim=None) -> Tensor:
+    """sum_t m_t x_t / max(sum_t m_t, 1): an empty mask gives 0, not NaN."""
+    count = masked_sum(torch.ones_like(x), mask, dim)
+    return masked_sum(x, mask, dim) / count.clamp(min=1)
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str) -> Tensor:

@@ -1,4 +1,4 @@
-"""masked.py's reductions, and algorithms.py's terminal rewards and advantage estimators, against
+"""The masked reductions (losses.py, algorithms.py's whitening), and algorithms.py's terminal rewards and advantage estimators, against
 hand-computed values (each worked out in a comment) and properties. The losses and the KL estimators
 are in tests/test_losses.py.
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import algorithms as A
-import masked
+import losses
 
 from tests.support.float64 import NAN, close, float64_default, t  # noqa: F401 (an autouse fixture)
 
@@ -20,27 +20,27 @@ from tests.support.float64 import NAN, close, float64_default, t  # noqa: F401 (
 def test_masked_reductions_by_hand():
     x, m = t([1.0, 2.0, 3.0, 100.0]), t([1, 1, 1, 0])
     # sum 1+2+3 = 6, mean 2, unbiased var ((1-2)^2 + 0 + (3-2)^2) / (3-1) = 1, biased 2/3
-    close(masked.masked_sum(x, m), 6.0)
-    close(masked.masked_mean(x, m), 2.0)
-    close(masked.masked_var(x, m), 1.0)
-    close(masked.masked_var(x, m, unbiased=False), 2 / 3)
+    close(losses.masked_sum(x, m), 6.0)
+    close(losses.masked_mean(x, m), 2.0)
+    close(A.masked_var(x, m), 1.0)
+    close(A.masked_var(x, m, unbiased=False), 2 / 3)
     # whiten: (x - 2) / sqrt(1 + 1e-8) = [-1, 0, 1], 0 where masked; shift_mean=False adds 2 back
-    close(masked.masked_whiten(x, m), t([-1.0, 0.0, 1.0, 0.0]) / math.sqrt(1 + 1e-8))
-    close(masked.masked_whiten(x, m, shift_mean=False), t([-1.0, 0.0, 1.0, 0.0]) / math.sqrt(1 + 1e-8) + t([2, 2, 2, 0]))
+    close(A.masked_whiten(x, m), t([-1.0, 0.0, 1.0, 0.0]) / math.sqrt(1 + 1e-8))
+    close(A.masked_whiten(x, m, shift_mean=False), t([-1.0, 0.0, 1.0, 0.0]) / math.sqrt(1 + 1e-8) + t([2, 2, 2, 0]))
     # per-row mean: row 0 (1+3)/2 = 2, row 1 empty -> 0
     X, M = t([[1.0, 5.0, 3.0], [7.0, 8.0, 9.0]]), t([[1, 0, 1], [0, 0, 0]])
-    close(masked.masked_mean(X, M, dim=1), t([2.0, 0.0]))
+    close(losses.masked_mean(X, M, dim=1), t([2.0, 0.0]))
 
 
 def test_masked_reductions_empty_and_single_and_nan():
     x = t([1.0, NAN, 3.0])
     for m in (t([0, 0, 0]), torch.zeros(3, dtype=torch.bool)):
-        assert masked.masked_sum(x, m).item() == 0 and masked.masked_mean(x, m).item() == 0
-        assert masked.masked_var(x, m).item() == 0
-        assert torch.equal(masked.masked_whiten(x, m), torch.zeros(3))
+        assert losses.masked_sum(x, m).item() == 0 and losses.masked_mean(x, m).item() == 0
+        assert A.masked_var(x, m).item() == 0
+        assert torch.equal(A.masked_whiten(x, m), torch.zeros(3))
     one = t([1, 0, 0])
-    assert masked.masked_var(x, one).item() == 0 and torch.equal(masked.masked_whiten(x, one), torch.zeros(3))
-    close(masked.masked_mean(x, t([1, 0, 1])), 2.0)  # the NaN sits under mask 0 and is never read
+    assert A.masked_var(x, one).item() == 0 and torch.equal(A.masked_whiten(x, one), torch.zeros(3))
+    close(losses.masked_mean(x, t([1, 0, 1])), 2.0)  # the NaN sits under mask 0 and is never read
 
 
 # ------------------------------------------------------------------ the terminal reward
@@ -188,7 +188,7 @@ def test_gae_with_unit_gamma_lam_is_return_minus_value():
     close(adv, (r[:, None] - values) * mask)
     close(ret, r[:, None] * mask)
     whitened, _ = A.advantages("gae", r, mask, g, values=values)
-    close(whitened, masked.masked_whiten(adv, mask))
+    close(whitened, A.masked_whiten(adv, mask))
 
 
 @pytest.mark.parametrize("name", ["gae", "reinforce++", "reinforce++_baseline"])
@@ -224,10 +224,10 @@ def test_reinforce_pp_whitens_over_the_batch_not_per_group():
     r, g = t([10.0, 12.0, 0.0, 1.0]), t([0, 0, 1, 1], torch.long)
     mask = t([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 1, 1]])
     adv, _ = A.advantages("reinforce++", r, mask, g)
-    close(masked.masked_mean(adv, mask), 0.0)
-    close(masked.masked_var(adv, mask), 1.0, tol=1e-6)
-    group0 = masked.masked_mean(adv[:2], mask[:2])
-    assert group0 > 0.5 and masked.masked_mean(adv[2:], mask[2:]) < -0.5  # per-group whitening would give 0
+    close(losses.masked_mean(adv, mask), 0.0)
+    close(A.masked_var(adv, mask), 1.0, tol=1e-6)
+    group0 = losses.masked_mean(adv[:2], mask[:2])
+    assert group0 > 0.5 and losses.masked_mean(adv[2:], mask[2:]) < -0.5  # per-group whitening would give 0
 
 
 def test_group_of_one_all_equal_and_empty_masks():

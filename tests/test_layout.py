@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The algorithm, in the order a reader meets it in a training step, and the two entry points.
 ROOT_FILES = {"train.py", "evaluate.py", "startup.py", "config.py", "rollout.py", "engine.py", "batch.py", "stepplan.py",
-              "framing.py", "algorithms.py", "masked.py", "losses.py", "gigpo.py", "schedule.py", "warmstart.py",
+              "framing.py", "algorithms.py", "losses.py", "gigpo.py", "schedule.py", "warmstart.py",
               "recipes.py", "studies.py", "checks.py"}
 ENTRY_POINTS = {"train", "evaluate"}
 LAB = "lab"

@@ -1,4 +1,4 @@
-"""Helpers of the hand-value tests of algorithms.py, losses.py and masked.py (tests/test_algorithms.py,
+"""Helpers of the hand-value tests of algorithms.py and losses.py (tests/test_algorithms.py,
 tests/test_losses.py): float64 as the default dtype inside a test, a tensor maker and a tight comparison."""
 import pytest
 import torch
