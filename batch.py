@@ -16,8 +16,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from infra import prefix
-from infra.memplan import logit_elements
-from infra.passes import DUMMY_WIDTH
+from infra.passes import DUMMY_WIDTH, logit_elements
 
 
 # --reward: the scalar an episode is trained on. The env's own reward and success are what every log and

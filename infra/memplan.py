@@ -72,6 +72,7 @@ import torch
 
 from infra import lora
 from infra.engines import engine_kind
+from infra.passes import logit_elements
 from models import tiny
 
 GB, MB = 2**30, 2**20
@@ -98,17 +99,6 @@ BUILTIN = {  # HF config.json fields of the built-in models
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, model_type="llama"),
 }
-# tokens x vocabulary of one LM-head slice (batch.head_logprobs); on CPU 64 MB in float32 (341 tokens at 49k)
-LOGIT_ELEMENTS = 1 << 24
-LOGIT_ELEMENTS_CUDA = 1 << 27  # on a GPU: 2,730 tokens at 49k (3.6 GiB at a slice's 28 bytes an element), 8x
-                               # fewer slices: each one is a few kernel launches, and a GPU has the memory
-
-
-def logit_elements(device) -> int:
-    """tokens x vocabulary of one LM-head slice on `device`."""
-    return LOGIT_ELEMENTS_CUDA if torch.device(device).type == "cuda" else LOGIT_ELEMENTS
-
-
 class MemoryPlanError(ValueError):
     """The plan does not fit and cannot be adapted: the message is the one line to print."""
 

@@ -17,6 +17,8 @@
   (the mean |trainer - sampler| logprob of the first epoch: a weight sync that failed shows up there,
   train.GAP_ALARM).
 - **The optimizer step** (`optimizer_step`): clipping, and no step at all when the gradient is exactly 0.
+- **The LM head's slice** (`logit_elements`): tokens x vocabulary of one slice of batch.token_logprobs on a
+  device; the memory plan (memplan.py) counts the same slice.
 """
 from __future__ import annotations
 
@@ -25,6 +27,16 @@ from dataclasses import dataclass
 import torch
 
 from infra import prefix
+
+# tokens x vocabulary of one LM-head slice (batch.token_logprobs); on CPU 64 MB in float32 (341 tokens at 49k)
+LOGIT_ELEMENTS = 1 << 24
+LOGIT_ELEMENTS_CUDA = 1 << 27  # on a GPU: 2,730 tokens at 49k (3.6 GiB at a slice's 28 bytes an element), 8x
+                               # fewer slices: each one is a few kernel launches, and a GPU has the memory
+
+
+def logit_elements(device) -> int:
+    """tokens x vocabulary of one LM-head slice on `device`."""
+    return LOGIT_ELEMENTS_CUDA if torch.device(device).type == "cuda" else LOGIT_ELEMENTS
 
 
 def micro_batches(rows: list[int], lengths: torch.Tensor, budget: int, shared: dict | None = None) -> list[list[int]]:

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import batch as B
-from infra import memplan
+from infra import memplan, passes
 from models.tiny import tiny_model_dir
 
 ONE_PROCESS = (lambda *xs: [float(x) for x in xs], lambda n: n)  # train.update's reductions in one process
@@ -45,7 +45,7 @@ def peaked():
 def test_sliced_head_equals_naive_values_and_gradients(peaked, temperature, fused, monkeypatch):
     """Both heads, the plain one (checkpointed slices) and the fused one (batch._Head, its own backward)."""
     model, batch = peaked
-    monkeypatch.setattr(memplan, "LOGIT_ELEMENTS", 7 * model.config.vocab_size)  # 7-token slices: many of them
+    monkeypatch.setattr(passes, "LOGIT_ELEMENTS", 7 * model.config.vocab_size)  # 7-token slices: many of them
     weights = torch.rand(3, 39, generator=torch.Generator().manual_seed(1))
     lp, ent = B.forward(model, batch, [0, 1, 2], temperature, entropy=True, entropy_grad=True, fused_head=fused)
     ref_lp, ref_ent = naive(model, batch["ids"], batch["attn"], temperature)
@@ -73,7 +73,7 @@ def test_fused_head_equals_the_plain_one_under_a_frozen_head(peaked, dtype, monk
     """--fused-head against the plain path where it differs most: a frozen (tied) head, as under
     --train-layers, whose hidden-state gradient the fused head makes in forward. Values and gradients."""
     model, batch = peaked
-    monkeypatch.setattr(memplan, "LOGIT_ELEMENTS", 5 * model.config.vocab_size)
+    monkeypatch.setattr(passes, "LOGIT_ELEMENTS", 5 * model.config.vocab_size)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=dtype)
     model.load_state_dict({k: v.to(dtype) for k, v in peaked[0].state_dict().items()})
     model.get_output_embeddings().weight.requires_grad_(False)
