@@ -1,0 +1,139 @@
+"""What a reader follows through one training step: the project's functions that run, traced on the tiny model.
+
+`python bench/reader_path.py` runs one step of train.py in this process (one rank, the default flags plus
+`--steps 1`, or the flags given after `--`) under a profiler hook, and records every function of this
+repository (not of its packages) that is called while a chosen function runs. For two spans, the whole
+`train_step` and `update` (the loss, its normaliser and the backward), it prints the files reached, the
+functions reached with their lengths, the reader's path in lines (the functions' own lines, each counted
+once) and the longest one; then the project's files over 450 lines.
+
+Run it on two commits (a worktree of each) to put a refactoring's before and after side by side: the
+figures are counts of code, not timings, so a shared machine does not change them.
+
+    python bench/reader_path.py                       # the default path
+    python bench/reader_path.py -- --shared-prefix --fused-head   # the presets' fast paths
+    python bench/reader_path.py --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SPANS = ("train_step", "update")  # functions of train.py whose dynamic extent is traced
+
+
+class Tracer:
+    """Per span, the project's code objects called while that span's frame is live (main thread only)."""
+
+    def __init__(self):
+        self.live = {name: 0 for name in SPANS}  # open frames of each span (recursion-safe)
+        self.reached = {name: {} for name in SPANS}
+        self.paths = {}  # co_filename -> its Path if it is the project's, else False
+
+    def __call__(self, frame, event, arg):
+        if event not in ("call", "return"):
+            return
+        code = frame.f_code
+        path = self.paths.get(code.co_filename)
+        if path is None:
+            path = self.paths[code.co_filename] = Path(code.co_filename) if mine(Path(code.co_filename)) else False
+        if not path:
+            return
+        if path.name == "train.py" and code.co_name in self.live:
+            self.live[code.co_name] += 1 if event == "call" else -1
+        if event == "call" and not code.co_name.startswith("<"):  # comprehensions and lambdas: their function's lines
+            for name, depth in self.live.items():
+                if depth:
+                    self.reached[name].setdefault((str(path.resolve().relative_to(ROOT)), code.co_firstlineno), code)
+
+
+def mine(path: Path) -> bool:
+    """A file of this repository's own code: under ROOT, outside virtual environments, tests and bench."""
+    if not path.is_absolute():  # <frozen ...> and <string> code
+        return False
+    try:
+        rel = path.resolve().relative_to(ROOT)
+    except ValueError:
+        return False
+    return rel.parts[0] not in (".venv", "tests", "bench") and "site-packages" not in rel.parts
+
+
+def length(code) -> int:
+    try:
+        return len(inspect.getsourcelines(code)[0])
+    except (OSError, TypeError):
+        return 0
+
+
+def summary(reached: dict) -> dict:
+    functions = sorted(((f"{file}:{code.co_name}", length(code)) for (file, _), code in reached.items()),
+                       key=lambda x: -x[1])
+    files = sorted({name.split(":")[0] for name, _ in functions})
+    return {"files": files, "functions": dict(functions), "lines": sum(n for _, n in functions),
+            "longest": functions[0] if functions else None}
+
+
+def long_files(limit: int = 450) -> dict:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        if mine(path) or path.relative_to(ROOT).parts[0] == "bench":
+            n = len(path.read_text().splitlines())
+            if n > limit:
+                out[str(path.resolve().relative_to(ROOT))] = n
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", default="", help="also write the figures here")
+    args, flags = parser.parse_known_args()
+    flags = [f for f in flags if f != "--"]
+    os.chdir(ROOT)
+    sys.path.insert(0, str(ROOT))
+    out = tempfile.mkdtemp(prefix="reader-path-")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29533"), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    tracer = Tracer()
+    def leave(code):  # lifeline.finish ends a run with os._exit; here the figures still have to be printed
+        raise SystemExit(code)
+
+    os._exit = leave
+    import train
+
+    step = train.train_step
+
+    def traced(*a, **k):  # the hook only while a step runs: set-up and shutdown stay at full speed
+        sys.setprofile(tracer)
+        try:
+            return step(*a, **k)
+        finally:
+            sys.setprofile(None)
+
+    train.train_step = traced
+    try:
+        train.main(["--steps", "1", "--out", out, *flags])
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+    figures = {name: summary(tracer.reached[name]) for name in SPANS}
+    figures["files_over_450"] = long_files()
+    for name in SPANS:
+        f = figures[name]
+        print(f"\n{name}: {len(f['files'])} files, {len(f['functions'])} functions, {f['lines']} lines; "
+              f"longest {f['longest'][0]} ({f['longest'][1]} lines)")
+        print("  files: " + ", ".join(f["files"]))
+        for fn, n in f["functions"].items():
+            print(f"  {n:4d}  {fn}")
+    print("\nfiles over 450 lines: " + (", ".join(f"{k} {v}" for k, v in figures["files_over_450"].items()) or "none"))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
