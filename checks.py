@@ -79,7 +79,7 @@ def pick_device(choice: str, ranks: int, gpus: int) -> str:
 
 def compute_dtype(choice: str, device: str, model: str) -> str:
     """bfloat16 where the hardware computes it fast (GPUs; CPUs with AMX-BF16 or AVX512-BF16, where bf16
-    matmuls are 2-4x faster than fp32), float32 elsewhere. The tiny model stays float32 under auto, on
+    matmuls are faster than fp32: docs/performance.md), float32 elsewhere. The tiny model stays float32 under auto, on
     every device: it exists to test the machinery, and its tests compare logprobs at float32 precision."""
     if choice != "auto":
         return choice

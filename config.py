@@ -169,7 +169,7 @@ class Config:
     env_timeout: float = doc("seconds an env reset or step may take before its episode is flagged env_error and "
                              "the env replaced (a hung simulator); 0: no limit", 300.0)
     trim_heap: bool = doc("after each update and the warm start, hand the freed C heap back to the system (glibc "
-                          "malloc_trim, 20-250 ms here): resident memory then tracks what is in use (bench/soak.py), "
+                          "malloc_trim): resident memory then tracks what is in use (bench/soak.py), "
                           "and the generator wakes beside it, not beside the update's peak (docs/performance.md)",
                           True)
     memory_check: str = doc("before any model loads, a rank's planned peak (memplan.py) against the memory it can "

@@ -257,7 +257,7 @@ def score_batch(run: Run, batch: dict):
         ref_lp = score(run.ref, batch, micro, cfg.temperature, fused_head=cfg.fused_head)
         # FSDP2 leaves a root's parameters (embeddings, head) gathered after forward, for the backward
         # that follows; the frozen reference never runs one, so it would keep them whole until its
-        # next step (2.2 GB per GPU for Qwen2.5-7B instead of 0.3): reshard explicitly. (Resharding
+        # next step (a whole embedding per GPU: docs/gpu.md): reshard explicitly. (Resharding
         # inside forward instead would hand batch.forward's sliced head a sharded weight.)
         run.ref.reshard()
     values = score(run.models["critic"], batch, micro, 1.0, value=True) if "critic" in run.models else None
