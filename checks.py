@@ -131,14 +131,22 @@ def _choices(cfg: Config) -> str | None:
     return None
 
 
+def env_options(text: str, example: str) -> tuple[dict | None, str | None]:
+    """--env-options parsed: (the options, None), or (None, the one-line error with `example`)."""
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, f"--env-options is not a JSON object ({exc.msg}); e.g. --env-options '{example}'"
+    if not isinstance(options, dict):
+        return None, f"--env-options must be a JSON object, e.g. '{example}'"
+    return options, None
+
+
 def _environment(cfg: Config) -> str | None:
     """--env-options, the prompt style, the tasks file, and what the flags ask of the env (an expert, refusals)."""
-    try:
-        options = json.loads(cfg.env_options)
-    except json.JSONDecodeError as exc:
-        return f"--env-options is not a JSON object ({exc.msg}); e.g. --env-options '{{\"max_distractors\": 5}}'"
-    if not isinstance(options, dict):
-        return "--env-options must be a JSON object, e.g. '{\"max_distractors\": 5}'"
+    options, problem = env_options(cfg.env_options, '{"max_distractors": 5}')
+    if problem:
+        return problem
     if cfg.env == "sciworld" and "task_types" in options:  # refused here, before a JVM or a model starts
         from envs.sciworld import chosen_kinds
         try:

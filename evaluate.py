@@ -46,7 +46,7 @@ from pathlib import Path
 import envs
 import framing as framings
 import recipes
-from checks import compute_dtype, gpu_shortage, local_ranks, pick_device, visible_gpus
+from checks import compute_dtype, env_options, gpu_shortage, local_ranks, pick_device, visible_gpus
 from config import SMALL_MODELS, doc, flags, same
 from envs import agentgym
 from engine import make_engine, vllm_available
@@ -170,12 +170,9 @@ def check(cfg: EvalConfig) -> str | None:
         envs.env_class(cfg.env)
     except (ValueError, ImportError, AttributeError) as exc:
         return f"--env {cfg.env!r}: {exc}"
-    try:
-        options = json.loads(cfg.env_options)
-    except json.JSONDecodeError as exc:
-        return f"--env-options is not JSON ({exc.msg}); e.g. --env-options '{{\"seed\": 1}}'"
-    if not isinstance(options, dict):
-        return "--env-options must be a JSON object, e.g. '{\"seed\": 1}'"
+    options, problem = env_options(cfg.env_options, '{"seed": 1}')
+    if problem:
+        return problem
     if cfg.tasks and cfg.tasks_file:
         return "--tasks and --tasks-file both choose the tasks; give one of them"
     if cfg.tasks_file:
