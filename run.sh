@@ -111,6 +111,7 @@ print(c['env_options'].replace(' ', ''), max(schedule.parse(c['horizon']).budget
     python -m lab.report "${evals[@]}" | tee "$out/before_after.md"
     [ -e "$results/manifest.json" ] || python -m lab.report --publish "$out" "$results" --control "$out-imitation" "${evals[@]}" > /dev/null
     echo "result folder: $results (python -m lab.report $results prints its tables)" ;;
-  test) exec python -m pytest "$@" ;;
+  test)  # two workers, one test file each at a time (a file's tests share its fixtures); -n 0: one process
+    exec python -m pytest -n "${WORKERS:-2}" --dist loadfile "$@" ;;
   *) echo "usage: bash run.sh train [flags] | bash run.sh test [pytest flags]" >&2; exit 2 ;;
 esac

@@ -30,6 +30,8 @@ STATED = {
                   "(models/smollm2.py), and lists it only among its extras",
     "gguf": "transformers reads GGUF files (models/smollm2.py) with the gguf package, which it lists only "
             "among its extras",
+    "pytest-xdist": "`bash run.sh test` runs the suite on two workers (-n 2 --dist loadfile); pytest loads the "
+                    "plugin through its entry point, nothing imports it",
 }
 
 # Candidates for removal: fanoutqa's requirements (spacy, ftfy, markdownify) and theirs. fanoutqa (DATA) is
