@@ -188,10 +188,15 @@ def _numbers(cfg: Config, world: int) -> str | None:
     except ValueError as exc:
         return f"--horizon: {exc}"
     for name in ("eval_every", "eval_tasks", "eval_turns", "bc_episodes", "train_layers", "env_timeout", "bc_seconds",
-                 "rl_seconds", "lora_rank", "lora_dropout",
+                 "bc_play_seconds", "rl_seconds", "lora_rank", "lora_dropout",
                  "min_groups", "refusal_penalty", "bc_anchor", "bc_coef", "success_bonus"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}"
+    if cfg.bc_play_seconds and cfg.bc_actor != "policy":
+        return "--bc-play-seconds bounds the policy's own play; it needs --bc-actor policy (the expert's play is cheap)"
+    if cfg.bc_play_seconds and cfg.bc_seconds and cfg.bc_play_seconds >= cfg.bc_seconds:
+        return (f"--bc-play-seconds {cfg.bc_play_seconds:g} leaves nothing of --bc-seconds {cfg.bc_seconds:g} to "
+                "imitate with; give it less than --bc-seconds")
     if cfg.min_groups and (cfg.ppo_epochs > 1 or cfg.mini_batches > 1):
         return ("--min-groups adds up one optimizer step's gradients over several rollout steps; it needs "
                 "--ppo-epochs 1 and --mini-batches 1")

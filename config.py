@@ -97,6 +97,9 @@ class Config:
     bc_seconds: float = doc("end the warm start's optimizer steps after this many seconds of it (0: no limit); with --model a warm start's directory, the time-matched imitation control of RL", 0.0)
     bc_actor: str = doc("who plays the demonstrations: expert (the env's solver) or policy (the model being trained, "
                         "its successful episodes kept: self-imitation, i.e. rejection-sampling fine-tuning)", "expert")
+    bc_play_seconds: float = doc("with --bc-actor policy: stop playing once this many seconds (--budget-clock) have "
+                                 "gone to play, between rounds (0: play every --bc-episodes task); the rest of "
+                                 "--bc-seconds imitates the successes", 0.0)
     bc_tasks_seed: int = doc("seed that draws the demonstrations' train tasks (-1: --seed); fixing it while --seed "
                              "varies keeps one finite demonstration set across runs", -1)
     budget_clock: str = doc("what --rl-seconds and --bc-seconds count: wall (the slowest rank's seconds) or cpu (CPU "

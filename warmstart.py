@@ -158,7 +158,14 @@ def demonstrations(ground: Playground, count: int, seed: int, what: str = "warm 
     if actor == "policy":
         g.engine.wake()
         play = g.play(turns, (seed * 7919 + 3) * 131)
-        played = play_rounds(g.engine, g.chat, g.env_pool, g.make_env, [(t_, 0) for t_ in mine], play, g.threads, lo)
+        played, size, clock = [], len(g.env_pool), g.cfg.budget_clock
+        start = budget.now(clock)
+        for r in range(all_max(-(-len(mine) // size))):  # every rank the same rounds: the budget check is collective
+            if g.cfg.bc_play_seconds and r and budget.combined(
+                    clock, budget.now(clock) - start, all_sum, all_max) >= g.cfg.bc_play_seconds:
+                break  # --bc-play-seconds spent: the rest of --bc-seconds imitates what was won so far
+            part = [(t_, 0) for t_ in mine[r * size:(r + 1) * size]]
+            played += play_rounds(g.engine, g.chat, g.env_pool, g.make_env, part, play, g.threads, lo + r * size)
         g.engine.sleep()
     else:
         played = expert_episodes(g.chat, g.env_pool, g.make_env, mine, turns, g.cfg.max_context, g.d.framing,

@@ -22,7 +22,8 @@ what RL is for. Here the demonstrations are finite, and imitation has used them 
      recorded beside it):
        (A) rl         RL on train tasks under the screened settings, no further demonstrations;
        (B) imitation  more imitation of the same finite set;
-       (C) self       self-imitation: W* plays `self_episodes` train tasks, its successes are imitated
+       (C) self       self-imitation: W* plays up to `self_episodes` train tasks for at most
+                      `self_play_share` of the arm's seconds, then imitates its successes for the rest
                       (rejection-sampling fine-tuning: interaction without a policy gradient);
   5. test: W* and the three arms on `test_tasks` tasks of the `test_split` split (BabyAI's "fresh":
      outside train, validation, test and every screen) x `test_k` samples, the same decoding for all;
@@ -62,7 +63,10 @@ class Scale:
     max_epochs: int = 12
     screen_cpu: float = 1200.0   # CPU seconds of each screened RL setting
     arm_cpu: float = 3600.0      # CPU seconds of each arm (all its processes together)
-    self_episodes: int = 1000    # train tasks W* plays for self-imitation (one sample each)
+    self_episodes: int = 1000    # train tasks W* plays for self-imitation (one sample each), at most
+    self_play_share: float = 0.5  # of arm C's CPU seconds, the most its play may take (it stops between rounds);
+    # the rest imitates its successes. Without a bound, W*'s play of 1,000 tasks (~12 CPU s each on 2 cores)
+    # would spend the whole arm before one imitation step. Fixed before any arm ran.
     test_split: str = "fresh"
     test_tasks: int = 400
     test_k: int = 2
@@ -149,7 +153,8 @@ class Protocol:
         tasks_seed = self.demo_seed + (1 if actor == "policy" else 0)  # self-play: other train tasks
         return self.train(out, "--model", model, "--steps", "0", "--bc-episodes", str(episodes), "--bc-actor", actor,
                           "--bc-tasks-seed", str(tasks_seed), "--bc-epochs", str(kw.get("epochs", 1)),
-                          "--bc-seconds", str(kw.get("seconds", 0)), "--seed", str(seed))
+                          "--bc-seconds", str(kw.get("seconds", 0)), "--seed", str(seed),
+                          *(["--bc-play-seconds", str(kw["play_seconds"])] if kw.get("play_seconds") else []))
 
     def rl(self, out: Path, setting: str, seconds: float) -> list[str]:
         return self.train(out, "--model", str(self.wstar()), "--bc-episodes", "0", "--steps", "100000",
@@ -250,7 +255,7 @@ class Protocol:
                     seconds=self.scale.arm_cpu), "imitation"),
                 "self": self.run_piece("arm-self", self.imitate(
                     wstar, self.runs / "arm-self", self.seed * 100 + 60, epochs=100_000, seconds=self.scale.arm_cpu,
-                    actor="policy"), "imitation")}
+                    actor="policy", play_seconds=self.scale.arm_cpu * self.scale.self_play_share), "imitation")}
         models = {"W*": Path(wstar), "rl": self.runs / "arm-rl", "imitation": self.runs / "arm-imitation" / "warmstart",
                   "self": self.runs / "arm-self" / "warmstart"}
         for label, model in models.items():
@@ -370,6 +375,8 @@ def check(args) -> str | None:
         return f"--patience must be at least 1, got {s.patience}: imitation would stop before any epoch compared"
     if s.arm_cpu <= 0 or s.screen_cpu <= 0:
         return "--arm-cpu and --screen-cpu must be positive: an arm with no time left trains nothing"
+    if not 0 < s.self_play_share < 1:
+        return f"--self-play-share must be in (0, 1), got {s.self_play_share}: arm C must both play and imitate"
     if s.demo_tasks < 1 or s.val_tasks < 1 or s.test_tasks < 1 or s.self_episodes < 1:
         return "--demo-tasks, --val-tasks, --test-tasks and --self-episodes must be positive"
     import envs
@@ -397,7 +404,7 @@ def main(argv=None) -> None:
     p.add_argument("--scale", default="full", choices=sorted(SCALES))
     for field in ("demo_tasks", "patience", "max_epochs", "val_tasks", "test_tasks", "self_episodes"):
         p.add_argument(f"--{field.replace('_', '-')}", type=int, default=None)
-    for field in ("arm_cpu", "screen_cpu"):
+    for field in ("arm_cpu", "screen_cpu", "self_play_share"):
         p.add_argument(f"--{field.replace('_', '-')}", type=float, default=None)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--runs", default="runs/protocol-{env}-seed{seed}")

@@ -23,6 +23,7 @@ def run(*flags: str, timeout: int = 1800) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("flags, says", [
     (["--patience", "0"], "--patience must be at least 1"),
     (["--arm-cpu", "0"], "an arm with no time left"),
+    (["--self-play-share", "1"], "arm C must both play and imitate"),
     (["--demo-tasks", "40001"], "the expert cannot fill it, babyai has 40000 train tasks"),
     (["--env", "textcraft"], "textcraft has no expert"),
 ])

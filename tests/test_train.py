@@ -44,6 +44,8 @@ def metrics(out):
     (Config(steps=0), "--steps 0 trains nothing without a warm start"),
     (Config(steps=-1, env="babyai", bc_episodes=4), "--steps must be positive"),
     (Config(bc_seconds=-1), "--bc-seconds must be >= 0"),
+    (Config(env="babyai", bc_episodes=4, bc_play_seconds=5), "it needs --bc-actor policy"),
+    (Config(env="babyai", bc_episodes=4, bc_actor="policy", bc_seconds=10, bc_play_seconds=10), "leaves nothing"),
     (Config(rl_seconds=-5), "--rl-seconds must be >= 0"),
     (Config(gpu_memory_utilization=1.0), "--gpu-memory-utilization must be in (0, 1)"),
     (Config(eval_turns=-2), "--eval-turns"),

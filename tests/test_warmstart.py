@@ -140,3 +140,20 @@ def test_imitation_anchor_trains_beside_rl(tmp_path):
     nll = [r["bc_nll"] for r in rows]
     assert len(nll) == 3 and nll[0] > nll[1] > nll[2] > 0, nll
     assert all(r["grad_norm"] > 0 for r in rows)
+
+
+def test_self_imitation_stops_playing_at_its_play_budget(tmp_path):
+    """--bc-play-seconds (the protocol's self-imitation arm): the policy's own play stops between rounds
+    once that budget is spent, so the rest of --bc-seconds imitates; without it every task is played.
+    One rank's env pool holds tasks x samples = 4 episodes, so 12 tasks are 3 rounds."""
+    base = [sys.executable, "train.py", "--env", "babyai", "--engine", "hf", "--bc-actor", "policy",
+            "--bc-episodes", "12", "--bc-batch", "1", "--steps", "0", "--max-tokens", "4", "--horizon", "2",
+            "--tasks-per-step", "2", "--samples-per-task", "2"]
+    played = {}
+    for label, extra in (("bounded", ["--bc-play-seconds", "1e-6", "--bc-seconds", "600"]), ("all", [])):
+        proc = subprocess.run([*base, *extra, "--out", str(tmp_path / label)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        line = next(x for x in proc.stdout.splitlines() if x.startswith("self-imitation: "))
+        played[label] = int(line.split()[1])
+    assert played == {"bounded": 4, "all": 12}  # one round, then the budget's verdict; else all three
