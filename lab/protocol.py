@@ -2,7 +2,7 @@
 the environment add anything, and does RL add more than imitating one's own successes?
 
     python -m lab.protocol --env babyai --seed 0          # runs (or resumes) every piece, publishing as it goes
-    python -m lab.protocol --env babyai --seed 0 --plan   # prints the pieces and their commands, runs nothing
+    python -m lab.protocol --env babyai --seed 0 --plan   # prints its settings (sizes, screen, rule), runs nothing
 
 Earlier tables compared GRPO with imitation that drew unlimited fresh demonstrations from a near-perfect
 expert: that asks whether the expert is worth more than the environment (it is, at this scale), not
