@@ -63,10 +63,11 @@ class Scale:
     max_epochs: int = 12
     screen_cpu: float = 1200.0   # CPU seconds of each screened RL setting
     arm_cpu: float = 3600.0      # CPU seconds of each arm (all its processes together)
-    self_episodes: int = 1000    # train tasks W* plays for self-imitation (one sample each), at most
-    self_play_share: float = 0.5  # of arm C's CPU seconds, the most its play may take (it stops between rounds);
-    # the rest imitates its successes. Without a bound, W*'s play of 1,000 tasks (~12 CPU s each on 2 cores)
-    # would spend the whole arm before one imitation step. Fixed before any arm ran.
+    self_episodes: int = 1000    # train tasks W* may play for self-imitation (one sample each)
+    # The share of arm C's CPU seconds its play may take (it stops between rounds); the rest imitates its
+    # successes. Unbounded, W*'s play of 1,000 tasks (10-12 CPU s each on 2 cores) would spend the whole
+    # arm before one imitation step. Fixed before any arm ran.
+    self_play_share: float = 0.5
     test_split: str = "fresh"
     test_tasks: int = 400
     test_k: int = 2
