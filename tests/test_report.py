@@ -187,10 +187,11 @@ def test_trim_keeps_head_and_tail():
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """Two GRPO steps of the tiny model on the toy env, evaluated on 4 validation tasks before RL and
-    after each step (2 ranks, so the outcomes are gathered from both)."""
+    after each step (2 ranks, so the outcomes are gathered from both; the project's decode loop generates,
+    since vLLM's start-up would cost more CPU than the whole run)."""
     out = tmp_path_factory.mktemp("run")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
-           "--env", "tests.support.toy:Digits", "--steps", "2", "--horizon", "1", "--tasks-per-step", "2",
+           "--env", "tests.support.toy:Digits", "--engine", "torch", "--steps", "2", "--horizon", "1", "--tasks-per-step", "2",
            "--samples-per-task", "2", "--max-tokens", "4", "--eval-every", "1", "--eval-tasks", "4", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
