@@ -208,6 +208,9 @@ def find_java(java: str | None = None) -> str:
     return candidate
 
 
+STARTUP_TIMEOUT = 120.0  # seconds a new JVM's simulator may take to construct (not a hung call)
+
+
 def _launch_jvm(java: str, java_opts: list[str], timeout: float):
     """Start scienceworld.jar in a new JVM; return (gateway, simulator, process).
 
@@ -223,10 +226,17 @@ def _launch_jvm(java: str, java_opts: list[str], timeout: float):
                            + JAVA_HELP) from e
     # No memory management: py4j would otherwise send "release object" messages from Python finalizers,
     # which log connection errors when the JVM is already gone; we only keep one long-lived Java object.
-    parameters = GatewayParameters(port=port, auto_field=True, read_timeout=timeout,
+    # The simulator's construction (class loading, the JIT's first work) gets STARTUP_TIMEOUT: on 2 loaded cores
+    # it outlasted a 5-s call timeout, which then failed a healthy start-up. Every later call gets `timeout`:
+    # connections made from now on read it from the parameters, the one just used has its socket set here.
+    parameters = GatewayParameters(port=port, auto_field=True, read_timeout=max(timeout, STARTUP_TIMEOUT),
                                    enable_memory_management=False)
     gateway = JavaGateway(gateway_parameters=parameters, java_process=process)
-    return gateway, gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface(), process
+    simulator = gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface()
+    parameters.read_timeout = timeout
+    for connection in list(gateway._gateway_client.deque):  # py4j's pool of open connections
+        connection.socket.settimeout(timeout)
+    return gateway, simulator, process
 
 
 class SciWorld:

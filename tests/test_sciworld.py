@@ -27,6 +27,7 @@ import time
 
 import psutil
 import pytest
+from py4j.protocol import Py4JError
 from transformers import AutoTokenizer
 
 import config
@@ -151,6 +152,18 @@ def test_fuzz_replies_never_raise(env):
             env.reset(tasks[resets % len(tasks)])
     assert psutil.pid_exists(env.jvm_pid) and not env.crashed
     assert env.step("Action:\nlook around")[0].startswith("This room is called")
+
+
+def test_a_slow_jvm_start_up_is_not_a_hung_call():
+    """The simulator's construction gets its own STARTUP_TIMEOUT; the call timeout starts after it. With one
+    call timeout for both, a new JVM on loaded cores (seconds of class loading) failed at construction with
+    py4j's "scienceworld does not exist in the JVM"; the hung-JVM test below failed so under a loaded suite."""
+    env = SciWorld(timeout=0.05)  # constructs: no call yet
+    try:
+        with pytest.raises(Py4JError):  # the first simulator call has only the 0.05 s it was given
+            env.reset(OFFSETS[11])
+    finally:
+        env.close()
 
 
 def test_hung_jvm_times_out_and_is_flagged():
