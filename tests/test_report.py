@@ -191,8 +191,8 @@ def run_dir(tmp_path_factory):
     since vLLM's start-up would cost more CPU than the whole run)."""
     out = tmp_path_factory.mktemp("run")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
-           "--env", "tests.support.toy:Digits", "--engine", "torch", "--steps", "2", "--horizon", "1", "--tasks-per-step", "2",
-           "--samples-per-task", "2", "--max-tokens", "4", "--eval-every", "1", "--eval-tasks", "4", "--out", str(out)]
+           "--env", "tests.support.toy:Digits", "--engine", "torch", "--steps", "2", "--horizon", "1",
+           "--tasks-per-step", "2", "--samples-per-task", "2", "--max-tokens", "4", "--eval-every", "1", "--eval-tasks", "4", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "held-out validation success before RL" in proc.stdout

@@ -62,10 +62,10 @@ def test_chat_format_is_token_exact_with_smollm2s_template(converted):
 
 def test_a_warm_started_grpo_step_on_smollm2(tmp_path, converted):
     pytest.importorskip("vllm")
-    engine, out = "vllm", tmp_path / "vllm"
+    out = tmp_path / "vllm"
     # eager: inductor's minute of compiling SmolLM2 would double this test; the compiled generator's sleep and
     # weight stream are tested on the tiny model (test_engine.py::test_vllm_engine_in_bfloat16[compiled])
-    torchrun(["--preset", "smollm2", "--engine", engine, "--compile-generator", "off", "--steps", "1",
+    torchrun(["--preset", "smollm2", "--engine", "vllm", "--compile-generator", "off", "--steps", "1",
               "--tasks-per-step", "1",
               "--samples-per-task", "2", "--horizon", "2", "--max-tokens", "12", "--max-context", "1536",
               "--bc-episodes", "4", "--bc-batch", "2", "--eval-tasks", "2", "--eval-every", "1",
