@@ -40,7 +40,9 @@ Test: python -m pytest tests/test_protocol.py
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import lzma
 import os
 import resource
 import shutil
@@ -163,15 +165,32 @@ class Protocol:
                           *self.screen[setting])
 
     # ------------------------------------------------------------------ pieces
-    def done(self, name: str) -> dict | None:
+    def done(self, name: str, reuse: bool = False) -> dict | None:
+        """The finished piece's record: this machine's piece.json, or (with `reuse`: nothing later needs the
+        piece's files, only what it measured) the record committed in the result folder, which outlives the
+        machine that ran it. A reused evaluation gets its transcripts back from the folder's archive."""
         path = self.runs / name / "piece.json"
-        return json.loads(path.read_text()) if path.exists() else None
+        if path.exists():
+            return json.loads(path.read_text())
+        record = self.recorded(name) if reuse else None
+        if record is not None and record["kind"] == "eval" and (self.results / "evals" / name).exists():
+            restore(self.results / "evals" / name, self.runs / name)
+        return record
 
-    def run_piece(self, name: str, cmd: list[str], kind: str, fresh: bool = True, **info) -> dict:
-        """Run `cmd` as piece `name` unless finished; record its wall and CPU seconds (the whole process
-        tree: every rank, its generator and env threads) and what it measured; publish the record."""
-        if (record := self.done(name)) is not None:
+    def recorded(self, name: str) -> dict | None:
+        """The latest record of piece `name` in the result folder's pieces.jsonl (a rebuilt piece adds one)."""
+        path = self.results / "pieces.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        return next((r for r in reversed(rows) if r["piece"] == name), None)
+
+    def run_piece(self, name: str, cmd, kind: str, fresh: bool = True, reuse: bool = False, **info) -> dict:
+        """Run `cmd()` as piece `name` unless finished; record its wall and CPU seconds (the whole process
+        tree: every rank, its generator and env threads) and what it measured; publish the record. `cmd` is a
+        callable, so that a finished piece never builds a command (nor the models that command starts from)."""
+        if (record := self.done(name, reuse or kind == "eval")) is not None:
             return record
+        earlier = self.recorded(name)  # finished on another machine, whose files this one lacks: built again
+        cmd = cmd()
         out = self.runs / name
         if fresh and out.exists():  # a crashed piece that cannot resume starts again
             shutil.rmtree(out)
@@ -185,32 +204,48 @@ class Protocol:
                   "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
                   "machine": machine(), **info}
         record.update(measure(out, kind, self.nproc))
+        if earlier is not None:
+            record["rebuilt"] = True
+            if earlier.get("weights_sha256") and record.get("weights_sha256"):
+                record["same_weights_as_recorded"] = earlier["weights_sha256"] == record["weights_sha256"]
         (out / "piece.json").write_text(json.dumps(record, indent=1) + "\n")
+        if kind == "eval":
+            archive(out, self.results / "evals" / name)
         with open(self.results / "pieces.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         return record
 
+    def epoch_model(self, e: int) -> Path:
+        """Epoch e's model on this machine, built (again) when missing: each epoch starts from the last's."""
+        start = self.scale.model if e == 1 else str(self.epoch_model(e - 1))
+        self.run_piece(f"epoch-{e}", lambda: self.imitate(start, self.runs / f"epoch-{e}", self.seed * 100 + e),
+                       "imitation", epoch=e)
+        return self.runs / f"epoch-{e}" / "warmstart"
+
     def plateau(self) -> list[dict]:
-        """Epochs of imitation on the finite set until validation stops rising (patience)."""
-        epochs, best, model = [], None, self.scale.model
+        """Epochs of imitation on the finite set until validation stops rising (patience). An epoch whose
+        validation is recorded needs no model here; one still to validate is built with its predecessors."""
+        decided = self.results / "plateau.json"
+        if decided.exists():
+            return json.loads(decided.read_text())["epochs"]
+        epochs, best = [], None
         for e in range(1, self.scale.max_epochs + 1):
-            train = self.run_piece(f"epoch-{e}", self.imitate(model, self.runs / f"epoch-{e}", self.seed * 100 + e),
-                                   "imitation", epoch=e)
-            model = str(self.runs / f"epoch-{e}" / "warmstart")
-            val = self.run_piece(f"val-epoch-{e}", self.evaluate(Path(model), self.runs / f"val-epoch-{e}", "val",
-                                 self.scale.val_tasks, self.scale.val_k), "eval", fresh=False, epoch=e)
+            val = self.run_piece(f"val-epoch-{e}", lambda: self.evaluate(
+                self.epoch_model(e), self.runs / f"val-epoch-{e}", "val", self.scale.val_tasks, self.scale.val_k),
+                "eval", fresh=False, epoch=e)
+            train = self.done(f"epoch-{e}", reuse=True)
             epochs.append({**train, "val_success": val["success"]})
             if best is None or val["success"] > best["val_success"]:
                 best = epochs[-1]
             elif e - best["epoch"] >= self.scale.patience:
                 break
-        (self.results / "plateau.json").write_text(json.dumps({"best_epoch": best["epoch"], "epochs": epochs,
-                                                               "patience": self.scale.patience}, indent=1) + "\n")
+        decided.write_text(json.dumps({"best_epoch": best["epoch"], "epochs": epochs,
+                                       "patience": self.scale.patience}, indent=1) + "\n")
         return epochs
 
     def wstar(self) -> Path:
-        best = json.loads((self.results / "plateau.json").read_text())["best_epoch"]
-        return self.runs / f"epoch-{best}" / "warmstart"
+        """W*, the plateau's best epoch, on this machine (built again from its epochs when missing)."""
+        return self.epoch_model(json.loads((self.results / "plateau.json").read_text())["best_epoch"])
 
     def screened(self) -> str:
         """The RL setting RULE picks, screened here (seed 0) or read from seed 0's result folder."""
@@ -222,24 +257,35 @@ class Protocol:
             return choice
         scores = {}
         for name in self.screen:
-            run = self.run_piece(f"screen-{name}", self.rl(self.runs / f"screen-{name}", name, self.scale.screen_cpu),
-                                 "rl", fresh=True, setting=name)
-            val = self.run_piece(f"val-screen-{name}", self.evaluate(self.runs / f"screen-{name}",
-                                 self.runs / f"val-screen-{name}", "val", self.scale.val_tasks, self.scale.val_k),
-                                 "eval", fresh=False, setting=name)
+            val = self.run_piece(f"val-screen-{name}", lambda: self.evaluate(
+                self.screen_model(name), self.runs / f"val-screen-{name}", "val", self.scale.val_tasks,
+                self.scale.val_k), "eval", fresh=False, setting=name)
             scores[name] = val["success"]
         choice = choose(scores, list(self.screen))
         own.write_text(json.dumps({"choice": choice, "scores": scores, "settings": self.screen, "rule": RULE},
                                   indent=1) + "\n")
         return choice
 
+    def screen_model(self, name: str) -> Path:
+        self.run_piece(f"screen-{name}", lambda: self.rl(self.runs / f"screen-{name}", name, self.scale.screen_cpu),
+                       "rl", setting=name)
+        return self.runs / f"screen-{name}"
+
     def arm_rl(self, setting: str) -> dict:
         name, out = "arm-rl", self.runs / "arm-rl"
-        if self.done(name) is None and (out / "checkpoints" / "latest").exists():  # resume what is left
+        reuse = self.recorded("test-rl") is not None  # its test is measured: the arm's model is not needed
+        if self.done(name, reuse) is None and (out / "checkpoints" / "latest").exists():  # resume what is left
             left = self.scale.arm_cpu - rl_cpu_spent(out, self.nproc)
-            cmd = self.rl(out, setting, max(left, 1e-3)) + ["--resume"]
-            return self.run_piece(name, cmd, "rl", fresh=False, setting=setting, resumed=True)
-        return self.run_piece(name, self.rl(out, setting, self.scale.arm_cpu), "rl", setting=setting)
+            return self.run_piece(name, lambda: self.rl(out, setting, max(left, 1e-3)) + ["--resume"], "rl",
+                                  fresh=False, setting=setting, resumed=True)
+        return self.run_piece(name, lambda: self.rl(out, setting, self.scale.arm_cpu), "rl", reuse=reuse,
+                              setting=setting)
+
+    def arm_imitation(self, slug: str, seed: int, **kw) -> dict:
+        """Arm B (the finite set again) or C (actor='policy': W*'s own play), for arm_cpu CPU seconds."""
+        return self.run_piece(f"arm-{slug}", lambda: self.imitate(
+            str(self.wstar()), self.runs / f"arm-{slug}", seed, epochs=100_000, seconds=self.scale.arm_cpu, **kw),
+            "imitation", reuse=self.recorded(f"test-{slug}") is not None)
 
     def main(self) -> Path:
         self.results.mkdir(parents=True, exist_ok=True)
@@ -249,19 +295,15 @@ class Protocol:
         self.demos()
         self.plateau()
         setting = self.screened()
-        wstar = str(self.wstar())
-        arms = {"W*": None, "rl": self.arm_rl(setting),
-                "imitation": self.run_piece("arm-imitation", self.imitate(
-                    wstar, self.runs / "arm-imitation", self.seed * 100 + 50, epochs=100_000,
-                    seconds=self.scale.arm_cpu), "imitation"),
-                "self": self.run_piece("arm-self", self.imitate(
-                    wstar, self.runs / "arm-self", self.seed * 100 + 60, epochs=100_000, seconds=self.scale.arm_cpu,
-                    actor="policy", play_seconds=self.scale.arm_cpu * self.scale.self_play_share), "imitation")}
-        models = {"W*": Path(wstar), "rl": self.runs / "arm-rl", "imitation": self.runs / "arm-imitation" / "warmstart",
-                  "self": self.runs / "arm-self" / "warmstart"}
+        arms = {"W*": None, "rl": self.arm_rl(setting), "imitation": self.arm_imitation("imitation", self.seed * 100 + 50),
+                "self": self.arm_imitation("self", self.seed * 100 + 60, actor="policy",
+                                           play_seconds=self.scale.arm_cpu * self.scale.self_play_share)}
+        models = {"W*": self.wstar, "rl": lambda: self.runs / "arm-rl",
+                  "imitation": lambda: self.runs / "arm-imitation" / "warmstart",
+                  "self": lambda: self.runs / "arm-self" / "warmstart"}
         for label, model in models.items():
-            self.run_piece(f"test-{SLUG[label]}", self.evaluate(
-                model, self.runs / f"test-{SLUG[label]}", self.scale.test_split, self.scale.test_tasks,
+            self.run_piece(f"test-{SLUG[label]}", lambda: self.evaluate(
+                model(), self.runs / f"test-{SLUG[label]}", self.scale.test_split, self.scale.test_tasks,
                 self.scale.test_k), "eval", fresh=False, model=label)
         from lab import results as published
         labels = {"W*": "W* (imitation plateau)", "imitation": "W* + more imitation (B)",
@@ -302,12 +344,71 @@ def machine() -> str:
            f"{bf16}, {os.cpu_count()} cores)"
 
 
+def machine_tag(kind: str) -> str:
+    """A short name for a CPU kind, for a result folder of its own: 'f25m17-avx512_bf16'."""
+    import re
+    found = re.search(r"family (\S+) model (\S+), ([^,]+),", kind)
+    return "-".join((f"f{found[1]}m{found[2]}", found[3].replace(" ", "_"))) if found else "other"
+
+
+def other_machine(results: Path, runs: str, results_flag: str) -> str | None:
+    """A result folder whose pieces ran on another CPU kind cannot be continued here: CPU seconds buy different
+    work on each kind (float32 on an AVX2-only EPYC, bf16 at 2-4x the speed where the CPU has it), so the
+    screen's settings and the arms would get unequal budgets, and an epoch built again here would be another
+    model. One line naming both ways on, before anything starts."""
+    path = results / "pieces.jsonl"
+    kinds = {json.loads(line).get("machine") for line in path.read_text().splitlines() if line.strip()} \
+        if path.exists() else set()
+    here = machine()
+    if not kinds or kinds == {here}:
+        return None
+    theirs = " / ".join(sorted(str(k) for k in kinds - {here}))
+    tag = machine_tag(here)
+    return (f"{results} holds pieces measured on {theirs}, and this machine is {here}: continue on that kind, or "
+            f"start a folder of this kind: --runs {runs}-{tag} --results {results_flag}-{tag}")
+
+
 def rl_cpu_spent(out: Path, world: int) -> float:
     """CPU seconds of an RL run's logged steps up to its latest checkpoint (time/cpu_step is the ranks' mean)."""
     latest = (out / "checkpoints" / "latest").read_text().strip()
     steps = int(latest.split("_")[-1])
     rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
     return sum(r.get("time/cpu_step", 0.0) * world for s, r in rows.items() if s < steps)
+
+
+def fingerprint(model: Path) -> str | None:
+    """sha256 of a saved model's weight files: a piece built again on another machine says whether it made the
+    same model (the same CPU kind and thread count replay the same float operations; another kind does not)."""
+    files = sorted(model.glob("*.safetensors"))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def archive(out: Path, dest: Path) -> None:
+    """An evaluation's transcripts (xz) and results.json into the result folder: what a later machine needs to
+    tabulate it without its model."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "transcripts.jsonl.xz").write_bytes(lzma.compress((out / "transcripts.jsonl").read_bytes()))
+    for name in ("results.json", "piece.json"):
+        if (out / name).exists():
+            shutil.copyfile(out / name, dest / name)
+
+
+def restore(archived: Path, out: Path) -> None:
+    """archive's inverse: the evaluation directory evaluate.py wrote, on a machine that never ran it."""
+    if (out / "results.json").exists():
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "transcripts.jsonl").write_bytes(lzma.decompress((archived / "transcripts.jsonl.xz").read_bytes()))
+    for name in ("results.json", "piece.json"):
+        if (archived / name).exists():
+            shutil.copyfile(archived / name, out / name)
 
 
 def measure(out: Path, kind: str, world: int) -> dict:
@@ -321,10 +422,11 @@ def measure(out: Path, kind: str, world: int) -> dict:
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
         return {"steps": len(rows), "episodes_played": int(sum(r.get("episodes", 0) for r in rows)),
                 "budget_cpu_s": round(sum(r.get("time/cpu_step", 0.0) * world for r in rows), 1),
-                "train_success": rows[-1].get("success") if rows else None}
+                "train_success": rows[-1].get("success") if rows else None, "weights_sha256": fingerprint(out)}
     done = json.loads((out / "warmstart.jsonl").read_text().splitlines()[-1])
     return {"demonstrations": done["demonstrations"], "played": done.get("played"), "optimizer_steps": done["optimizer_steps"],
-            "budget_cpu_s": round(done.get("budget_spent", 0.0), 1), "actor": done.get("actor")}
+            "budget_cpu_s": round(done.get("budget_spent", 0.0), 1), "actor": done.get("actor"),
+            "weights_sha256": fingerprint(out / "warmstart")}
 
 
 def summary(results: Path, evals: list[tuple[str, Path]], arms: dict) -> str:
@@ -425,6 +527,9 @@ def main(argv=None) -> None:
     if args.plan:
         print(json.dumps({"scale": asdict(scale), "screen": proto.screen, "rule": RULE, "turns": proto.turns}, indent=1))
         return
+    if problem := other_machine(proto.results, str(proto.runs), str(proto.results)):
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     proto.runs.mkdir(parents=True, exist_ok=True)
     proto.main()
 
