@@ -95,6 +95,12 @@ SCREEN = {
     "gentle": ["--lr", "1e-5", "--warmup-steps", "4"],            # a smaller, warmed-up step: less drift from W*
     "refusal-cost": ["--refusal-penalty", "0.02", "--no-grpo-std"],  # refused turns cost; Dr. GRPO's advantages
     "wide-groups": ["--tasks-per-step", "4", "--samples-per-task", "8"],  # fewer constant groups
+    # The two the first four lacked of the choices RL's settings span (added before any folder chose): the
+    # aggregation, each episode weighing the same whatever its length; and a hotter sampler, whose groups
+    # vary more where W* always succeeds (the published runs' groups were 73-79% constant). Evaluation
+    # samples at the recipe's temperature for every model.
+    "seq-mean": ["--agg", "seq-mean-token-mean"],
+    "hot": ["--temperature", "1.3"],
 }
 SMOKE_SCREEN = {"recipe": []}  # the smoke scale screens one setting: the machinery, not a choice
 SLUG = {"W*": "wstar", "rl": "rl", "imitation": "imitation", "self": "self"}  # each model's test piece: test-SLUG
