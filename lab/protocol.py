@@ -30,27 +30,24 @@ what RL is for. Here the demonstrations are finite, and imitation has used them 
      the tables (lab/tables.py) with paired task-level intervals, and summary.md: success, Pass@k,
      refused share, never-/always-solved counts, each arm's CPU and wall seconds and episodes per hour.
 
-Every piece is a directory under runs/protocol-ENV-seedS/ with piece.json when finished; a rerun skips
-finished pieces and resumes a crashed RL arm from its checkpoint with the CPU seconds it had left (a
-crashed imitation arm or epoch starts again; evaluate.py resumes itself). After each piece, what it
-measured is copied into results/protocol-ENV-seedS/ (small files, never weights), so a change of
-machine loses at most one piece.
+Every step is a piece (lab/pieces.py): a directory under runs/protocol-ENV-seedS/, and when finished a
+record in results/protocol-ENV-seedS/pieces.jsonl (small files, never weights), so a change of machine
+loses at most one piece. A rerun skips finished pieces and resumes a crashed RL arm from its checkpoint
+with the CPU seconds it had left (a crashed imitation arm or epoch starts again; evaluate.py resumes
+itself); on a machine with an empty runs/ it builds again only the models an unfinished piece starts from.
 Test: python -m pytest tests/test_protocol.py
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import lzma
 import os
-import resource
 import shutil
-import subprocess
 import sys
-import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+
+from lab.pieces import Pieces, other_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,6 +118,10 @@ class Protocol:
     runs: Path
     results: Path
     nproc: int = 2
+    pieces: Pieces = field(init=False)  # runs each step once, records it in the result folder (lab/pieces.py)
+
+    def __post_init__(self):
+        self.pieces = Pieces(self.runs, self.results, self.nproc)
 
     # ------------------------------------------------------------------ the settings every piece shares
     @property
@@ -171,60 +172,10 @@ class Protocol:
                           *self.screen[setting])
 
     # ------------------------------------------------------------------ pieces
-    def done(self, name: str, reuse: bool = False) -> dict | None:
-        """The finished piece's record: this machine's piece.json, or (with `reuse`: nothing later needs the
-        piece's files, only what it measured) the record committed in the result folder, which outlives the
-        machine that ran it. A reused evaluation gets its transcripts back from the folder's archive."""
-        path = self.runs / name / "piece.json"
-        if path.exists():
-            return json.loads(path.read_text())
-        record = self.recorded(name) if reuse else None
-        if record is not None and record["kind"] == "eval" and (self.results / "evals" / name).exists():
-            restore(self.results / "evals" / name, self.runs / name)
-        return record
-
-    def recorded(self, name: str) -> dict | None:
-        """The latest record of piece `name` in the result folder's pieces.jsonl (a rebuilt piece adds one)."""
-        path = self.results / "pieces.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-        return next((r for r in reversed(rows) if r["piece"] == name), None)
-
-    def run_piece(self, name: str, cmd, kind: str, fresh: bool = True, reuse: bool = False, **info) -> dict:
-        """Run `cmd()` as piece `name` unless finished; record its wall and CPU seconds (the whole process
-        tree: every rank, its generator and env threads) and what it measured; publish the record. `cmd` is a
-        callable, so that a finished piece never builds a command (nor the models that command starts from)."""
-        if (record := self.done(name, reuse or kind == "eval")) is not None:
-            return record
-        earlier = self.recorded(name)  # finished on another machine, whose files this one lacks: built again
-        cmd = cmd()
-        out = self.runs / name
-        if fresh and out.exists():  # a crashed piece that cannot resume starts again
-            shutil.rmtree(out)
-        print(f"[protocol] {name}: {' '.join(cmd[cmd.index('--nproc_per_node') + 2:])}", flush=True)
-        before, t = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if proc.returncode != 0:
-            raise SystemExit(f"error: piece {name} failed (exit {proc.returncode}); rerun the same command to resume")
-        record = {"piece": name, "kind": kind, "wall_s": round(time.perf_counter() - t, 1),
-                  "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
-                  "machine": machine(), **info}
-        record.update(measure(out, kind, self.nproc))
-        if earlier is not None:
-            record["rebuilt"] = True
-            if earlier.get("weights_sha256") and record.get("weights_sha256"):
-                record["same_weights_as_recorded"] = earlier["weights_sha256"] == record["weights_sha256"]
-        (out / "piece.json").write_text(json.dumps(record, indent=1) + "\n")
-        if kind == "eval":
-            archive(out, self.results / "evals" / name)
-        with open(self.results / "pieces.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        return record
-
     def epoch_model(self, e: int) -> Path:
         """Epoch e's model on this machine, built (again) when missing: each epoch starts from the last's."""
         start = self.scale.model if e == 1 else str(self.epoch_model(e - 1))
-        self.run_piece(f"epoch-{e}", lambda: self.imitate(start, self.runs / f"epoch-{e}", self.seed * 100 + e),
+        self.pieces.run(f"epoch-{e}", lambda: self.imitate(start, self.runs / f"epoch-{e}", self.seed * 100 + e),
                        "imitation", epoch=e)
         return self.runs / f"epoch-{e}" / "warmstart"
 
@@ -236,10 +187,10 @@ class Protocol:
             return json.loads(decided.read_text())["epochs"]
         epochs, best = [], None
         for e in range(1, self.scale.max_epochs + 1):
-            val = self.run_piece(f"val-epoch-{e}", lambda: self.evaluate(
+            val = self.pieces.run(f"val-epoch-{e}", lambda: self.evaluate(
                 self.epoch_model(e), self.runs / f"val-epoch-{e}", "val", self.scale.val_tasks, self.scale.val_k),
                 "eval", fresh=False, epoch=e)
-            train = self.done(f"epoch-{e}", reuse=True)
+            train = self.pieces.done(f"epoch-{e}", reuse=True)
             epochs.append({**train, "val_success": val["success"]})
             if best is None or val["success"] > best["val_success"]:
                 best = epochs[-1]
@@ -263,7 +214,7 @@ class Protocol:
             return choice
         scores = {}
         for name in self.screen:
-            val = self.run_piece(f"val-screen-{name}", lambda: self.evaluate(
+            val = self.pieces.run(f"val-screen-{name}", lambda: self.evaluate(
                 self.screen_model(name), self.runs / f"val-screen-{name}", "val", self.scale.val_tasks,
                 self.scale.val_k), "eval", fresh=False, setting=name)
             scores[name] = val["success"]
@@ -273,25 +224,25 @@ class Protocol:
         return choice
 
     def screen_model(self, name: str) -> Path:
-        self.run_piece(f"screen-{name}", lambda: self.rl(self.runs / f"screen-{name}", name, self.scale.screen_cpu),
+        self.pieces.run(f"screen-{name}", lambda: self.rl(self.runs / f"screen-{name}", name, self.scale.screen_cpu),
                        "rl", setting=name)
         return self.runs / f"screen-{name}"
 
     def arm_rl(self, setting: str) -> dict:
         name, out = "arm-rl", self.runs / "arm-rl"
-        reuse = self.recorded("test-rl") is not None  # its test is measured: the arm's model is not needed
-        if self.done(name, reuse) is None and (out / "checkpoints" / "latest").exists():  # resume what is left
+        reuse = self.pieces.recorded("test-rl") is not None  # its test is measured: the arm's model is not needed
+        if self.pieces.done(name, reuse) is None and (out / "checkpoints" / "latest").exists():  # resume what is left
             left = self.scale.arm_cpu - rl_cpu_spent(out, self.nproc)
-            return self.run_piece(name, lambda: self.rl(out, setting, max(left, 1e-3)) + ["--resume"], "rl",
+            return self.pieces.run(name, lambda: self.rl(out, setting, max(left, 1e-3)) + ["--resume"], "rl",
                                   fresh=False, setting=setting, resumed=True)
-        return self.run_piece(name, lambda: self.rl(out, setting, self.scale.arm_cpu), "rl", reuse=reuse,
+        return self.pieces.run(name, lambda: self.rl(out, setting, self.scale.arm_cpu), "rl", reuse=reuse,
                               setting=setting)
 
     def arm_imitation(self, slug: str, seed: int, **kw) -> dict:
         """Arm B (the finite set again) or C (actor='policy': W*'s own play), for arm_cpu CPU seconds."""
-        return self.run_piece(f"arm-{slug}", lambda: self.imitate(
+        return self.pieces.run(f"arm-{slug}", lambda: self.imitate(
             str(self.wstar()), self.runs / f"arm-{slug}", seed, epochs=100_000, seconds=self.scale.arm_cpu, **kw),
-            "imitation", reuse=self.recorded(f"test-{slug}") is not None)
+            "imitation", reuse=self.pieces.recorded(f"test-{slug}") is not None)
 
     def main(self) -> Path:
         self.results.mkdir(parents=True, exist_ok=True)
@@ -308,7 +259,7 @@ class Protocol:
                   "imitation": lambda: self.runs / "arm-imitation" / "warmstart",
                   "self": lambda: self.runs / "arm-self" / "warmstart"}
         for label, model in models.items():
-            self.run_piece(f"test-{SLUG[label]}", lambda: self.evaluate(
+            self.pieces.run(f"test-{SLUG[label]}", lambda: self.evaluate(
                 model(), self.runs / f"test-{SLUG[label]}", self.scale.test_split, self.scale.test_tasks,
                 self.scale.test_k), "eval", fresh=False, model=label)
         from lab import results as published
@@ -335,43 +286,7 @@ class Protocol:
         (self.results / "demos.json").write_text(json.dumps({"seed": self.demo_seed, "tasks": ids}) + "\n")
 
 
-def machine() -> str:
-    """The CPU kind a piece ran on: CPU seconds buy different work on each (compare arms of one kind only)."""
-    info = {}
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    except OSError:
-        return "unknown"
-    flags = set(info.get("flags", "").split())
-    bf16 = "amx_bf16" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "no bf16"
-    return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, " \
-           f"{bf16}, {os.cpu_count()} cores)"
 
-
-def machine_tag(kind: str) -> str:
-    """A short name for a CPU kind, for a result folder of its own: 'f25m17-avx512_bf16'."""
-    import re
-    found = re.search(r"family (\S+) model (\S+), ([^,]+),", kind)
-    return "-".join((f"f{found[1]}m{found[2]}", found[3].replace(" ", "_"))) if found else "other"
-
-
-def other_machine(results: Path, runs: str, results_flag: str) -> str | None:
-    """A result folder whose pieces ran on another CPU kind cannot be continued here: CPU seconds buy different
-    work on each kind (float32 on an AVX2-only EPYC, bf16 at 2-4x the speed where the CPU has it), so the
-    screen's settings and the arms would get unequal budgets, and an epoch built again here would be another
-    model. One line naming both ways on, before anything starts."""
-    path = results / "pieces.jsonl"
-    kinds = {json.loads(line).get("machine") for line in path.read_text().splitlines() if line.strip()} \
-        if path.exists() else set()
-    here = machine()
-    if not kinds or kinds == {here}:
-        return None
-    theirs = " / ".join(sorted(str(k) for k in kinds - {here}))
-    tag = machine_tag(here)
-    return (f"{results} holds pieces measured on {theirs}, and this machine is {here}: continue on that kind, or "
-            f"start a folder of this kind: --runs {runs}-{tag} --results {results_flag}-{tag}")
 
 
 def rl_cpu_spent(out: Path, world: int) -> float:
@@ -382,57 +297,8 @@ def rl_cpu_spent(out: Path, world: int) -> float:
     return sum(r.get("time/cpu_step", 0.0) * world for s, r in rows.items() if s < steps)
 
 
-def fingerprint(model: Path) -> str | None:
-    """sha256 of a saved model's weight files: a piece built again on another machine says whether it made the
-    same model (the same CPU kind and thread count replay the same float operations; another kind does not)."""
-    files = sorted(model.glob("*.safetensors"))
-    if not files:
-        return None
-    digest = hashlib.sha256()
-    for path in files:
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 24):
-                digest.update(chunk)
-    return digest.hexdigest()
 
 
-def archive(out: Path, dest: Path) -> None:
-    """An evaluation's transcripts (xz) and results.json into the result folder: what a later machine needs to
-    tabulate it without its model."""
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "transcripts.jsonl.xz").write_bytes(lzma.compress((out / "transcripts.jsonl").read_bytes()))
-    for name in ("results.json", "piece.json"):
-        if (out / name).exists():
-            shutil.copyfile(out / name, dest / name)
-
-
-def restore(archived: Path, out: Path) -> None:
-    """archive's inverse: the evaluation directory evaluate.py wrote, on a machine that never ran it."""
-    if (out / "results.json").exists():
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "transcripts.jsonl").write_bytes(lzma.decompress((archived / "transcripts.jsonl.xz").read_bytes()))
-    for name in ("results.json", "piece.json"):
-        if (archived / name).exists():
-            shutil.copyfile(archived / name, out / name)
-
-
-def measure(out: Path, kind: str, world: int) -> dict:
-    """What a finished piece measured, from its own files."""
-    if kind == "eval":
-        from lab.stats import task_means
-        rows = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines() if line.strip()]
-        means = task_means(rows)
-        return {"success": sum(means.values()) / max(len(means), 1), "tasks": len(means), "episodes": len(rows)}
-    if kind == "rl":
-        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        return {"steps": len(rows), "episodes_played": int(sum(r.get("episodes", 0) for r in rows)),
-                "budget_cpu_s": round(sum(r.get("time/cpu_step", 0.0) * world for r in rows), 1),
-                "train_success": rows[-1].get("success") if rows else None, "weights_sha256": fingerprint(out)}
-    done = json.loads((out / "warmstart.jsonl").read_text().splitlines()[-1])
-    return {"demonstrations": done["demonstrations"], "played": done.get("played"), "optimizer_steps": done["optimizer_steps"],
-            "budget_cpu_s": round(done.get("budget_spent", 0.0), 1), "actor": done.get("actor"),
-            "weights_sha256": fingerprint(out / "warmstart")}
 
 
 def summary(results: Path, evals: list[tuple[str, Path]], arms: dict) -> str:
@@ -443,7 +309,7 @@ def summary(results: Path, evals: list[tuple[str, Path]], arms: dict) -> str:
     _, records = load_evals(evals)
     env = json.loads((results / "protocol.json").read_text())["env"]
     lines = [f"# {results.name}: the finite-demonstrations protocol", "",
-             f"Generated by `python -m lab.protocol` from this folder's files; paired intervals: test/tables.md.", "",
+             "Generated by `python -m lab.protocol` from this folder's files; paired intervals: test/tables.md.", "",
              "| model | tasks | success % | Pass@k % | refused turns % | never solved | always solved |", "|---|---|---|---|---|---|---|"]
     for label, recs in records:
         by_task: dict[int, list[bool]] = {}
@@ -470,7 +336,7 @@ def summary(results: Path, evals: list[tuple[str, Path]], arms: dict) -> str:
         played = rec.get("episodes_played") or rec.get("played") or 0
         lines.append(f"| {name} | {rec['cpu_s']:.0f} | {rec.get('budget_cpu_s', 0):.0f} | {rec['wall_s']:.0f} | "
                      f"{played} | {3600 * played / max(rec['wall_s'], 1e-9):.0f} |")
-    lines += [f"", f"Machine: {' / '.join(sorted(map(str, kinds)))}" + (
+    lines += ["", f"Machine: {' / '.join(sorted(map(str, kinds)))}" + (
         "  \nNOTE: the arms ran on different CPU kinds; their CPU seconds are not comparable." if len(kinds) > 1 else "")]
     lines += ["", "Episodes played: RL's rollouts; imitation: the expert's replays of the finite set (the same "
               "demonstrations, not new ones); self-imitation: W*'s own play, whose successes it imitates."]
@@ -511,10 +377,10 @@ def main(argv=None) -> None:
     p.add_argument("--env", default="babyai")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale", default="full", choices=sorted(SCALES))
-    for field in ("demo_tasks", "patience", "max_epochs", "val_tasks", "test_tasks", "self_episodes"):
-        p.add_argument(f"--{field.replace('_', '-')}", type=int, default=None)
-    for field in ("arm_cpu", "screen_cpu", "self_play_share"):
-        p.add_argument(f"--{field.replace('_', '-')}", type=float, default=None)
+    for name in ("demo_tasks", "patience", "max_epochs", "val_tasks", "test_tasks", "self_episodes"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
+    for name in ("arm_cpu", "screen_cpu", "self_play_share"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=None)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--runs", default="runs/protocol-{env}-seed{seed}")
     p.add_argument("--results", default="results/protocol-{env}-seed{seed}")
