@@ -1,12 +1,13 @@
 """The lent GPU's time, planned before it is spent (bench/gpu_run.py runs the parts): the scales part B runs
-at, the device time every call fits in (`DEVICE_PLAN`), and part B's phase seconds.
+at, the device time every call fits in (`DEVICE_PLAN`), and part B's phase seconds (the finite-demonstrations
+protocol's W* and its three arms, lab/protocol.py, at GPU scale).
 
 Why a plan: a lent GPU gives 15 minutes of device time for every call together, the machine's start
 included, and a phase killed by its call's limit saves nothing. So each part-B phase's seconds are
 estimated before it runs, from the generator's benchmark on that GPU and the fixed costs measured on the
 first H200 run (`estimate`, `needs`); each phase's timeout is its own seconds plus a margin (`timeout_for`);
-GRPO and its control get what the other phases leave (`fit_rl`), fitted again at run time into what the
-earlier phases really left.
+the three arms (RL, more imitation, self-imitation; side by side, the same seconds each) get what the other
+phases leave (`fit_rl`), fitted again at run time into what the earlier phases really left.
 
 Tests: python -m pytest tests/test_gpu_config.py -k "fit or phase"
 """
@@ -15,13 +16,19 @@ from __future__ import annotations
 import os
 
 
-# GPU scale: what part B's seconds are spent on (override with GPU_RUN_<NAME>=value); rl_seconds is a cap,
-# `fit_rl` gives GRPO and its control what the other phases leave; timeout: a phase's where the plan gives none
-GPU = dict(tasks=64, samples=8, rl_seconds=330, bc_episodes=400, bc_seconds=0, eval_tasks=50, eval_every=3,
-           micro_tokens=32768, test_tasks=200, k=2, chunk=200, turns=8, max_tokens=40, horizon="6,8@6", timeout=300)
+# GPU scale: what part B's seconds are spent on (override with GPU_RUN_<NAME>=value). bc_episodes: the train
+# tasks the expert plays once, drawn by demo_seed (the protocol's 10,000 + seed 0): its successes are the finite
+# set. W* is wstar_epochs passes over it: the protocol's plateau needs a validation after each epoch, which the
+# lent minutes cannot pay for, so the epochs are fixed (4: docs/protocol.md's plateaus peaked at epochs 2-7).
+# rl_seconds caps each arm's seconds, `fit_rl` gives them what the other phases leave; self_episodes: train
+# tasks W* may play in the self-imitation arm (for at most half of its seconds); timeout: a phase's where the
+# plan gives none
+GPU = dict(tasks=64, samples=8, rl_seconds=330, bc_episodes=400, demo_seed=10_000, wstar_epochs=4,
+           self_episodes=512, micro_tokens=32768, test_tasks=200, k=2, chunk=200, turns=8, max_tokens=40,
+           horizon="6,8@6", timeout=300)
 # toy scale on the CPU: the same commands, seconds instead of minutes; every phase's timeout at least 900 s
 # (the GPU's estimates say nothing of this CPU: the dry run checks the commands, the tests the GPU's timeouts)
-DRY = dict(tasks=2, samples=2, rl_seconds=1, bc_episodes=8, bc_seconds=5, eval_tasks=2, eval_every=1,
+DRY = dict(tasks=2, samples=2, rl_seconds=6, bc_episodes=8, demo_seed=10_000, wstar_epochs=2, self_episodes=4,
            micro_tokens=2048, test_tasks=3, k=2, chunk=3, turns=2, max_tokens=12, horizon="2", timeout=900)
 
 # Device time: a session gets 15 minutes for every call together; a machine's start, the transfers and the
@@ -72,8 +79,8 @@ def estimate(s: dict, bench: dict | None) -> dict:
     bc_steps = -(-int(0.6 * s["bc_episodes"]) // 8)  # one pass over the successful demonstrations (57% on the H200)
     return {"assumed": not bench, "decode_ms_512": decode_ms, "prefill_tokens_s": prefill,
             "grpo_step_s": round(gen + 1.7 * episodes / 512 + update, 1),
-            "validation_s": round(turns * s["max_tokens"] * decode_ms / 1000 + 2, 1),  # eval_tasks episodes
-            "convert_s": 36, "expert_s": round(0.058 * s["bc_episodes"], 1), "imitate_s": 0.5 * bc_steps,
+            "convert_s": 36, "expert_s": round(0.058 * s["bc_episodes"], 1),
+            "imitate_s": 0.5 * bc_steps * s["wstar_epochs"],
             "bc_step_s": 0.5, "evals_s": round(STARTUP_S + 2 * s["test_tasks"] * turns * 0.004
                                                + turns * s["max_tokens"] * decode_ms / 1000, 1),
             "report_s": 6}
@@ -81,17 +88,21 @@ def estimate(s: dict, bench: dict | None) -> dict:
 
 def needs(s: dict, est: dict) -> dict:
     """Each part-B phase's seconds, by name: its own work, a process's start-up and the save that ends it.
-    train.py stops after the step during which --rl-seconds ran out, and its validations (before the first
-    step, every eval_every steps and after the last) are outside that count; --bc-seconds likewise ends after
-    an optimizer step. The three evaluations and the three report phases each need the same."""
+    train.py stops after the step during which --rl-seconds ran out (the arms run no validation);
+    --bc-seconds likewise ends after an optimizer step, and counts the expert's replay of the finite set (the
+    imitation arm plays it again) or W*'s own play; self-imitation's play stops between rounds of its
+    env pool, so it may overrun its half by one round (a GRPO step's generation bounds it). The four
+    evaluations and the three report phases each need the same."""
     rl = s["rl_seconds"]
-    steps = rl / est["grpo_step_s"] + 1
     return {"b0-convert": est["convert_s"],
-            "b1-warmstart": STARTUP_S + est["expert_s"] + est["imitate_s"] + SAVE_S,
-            "b2-grpo": STARTUP_S + rl + est["grpo_step_s"] + (steps / s["eval_every"] + 2) * est["validation_s"]
-            + SAVE_S,
-            "b2-imitation": STARTUP_S + rl + est["bc_step_s"] + SAVE_S,
+            "b1-wstar": STARTUP_S + est["expert_s"] + est["imitate_s"] + SAVE_S,
+            "b2-rl": STARTUP_S + rl + est["grpo_step_s"] + SAVE_S,
+            "b2-imitation": STARTUP_S + max(rl, est["expert_s"]) + est["bc_step_s"] + SAVE_S,  # replays included
+            "b2-self": STARTUP_S + rl + est["grpo_step_s"] + est["bc_step_s"] + SAVE_S,
             "b3-eval": est["evals_s"], "b4-report": est["report_s"]}
+
+
+ARMS = ("b2-rl", "b2-imitation", "b2-self")
 
 
 def timeout_for(need: float) -> int:
@@ -100,28 +111,30 @@ def timeout_for(need: float) -> int:
 
 
 def fit_rl(s: dict, est: dict, left: float) -> int:
-    """The most --rl-seconds, at most s["rl_seconds"] and at least 30, for which GRPO's and its control's
-    timeouts, then the evaluations' and the three report phases', fit in `left` seconds."""
+    """The most seconds an arm gets, at most s["rl_seconds"] and at least 30, for which the three arms'
+    timeouts (side by side: the longest counts), then the evaluations' and the three report phases', fit in
+    `left` seconds."""
     rl = s["rl_seconds"]
     while rl > 30:
         n = needs({**s, "rl_seconds": rl}, est)
         after = timeout_for(n["b3-eval"]) + 3 * timeout_for(n["b4-report"])
-        if timeout_for(max(n["b2-grpo"], n["b2-imitation"])) + after <= left:
+        if timeout_for(max(n[arm] for arm in ARMS)) + after <= left:
             break
         rl -= 5
     return rl
 
 
 def plan_b(s: dict, est: dict, budget: float, reserve: float) -> dict:
-    """Part B's plan before it runs: the conversion and the warm start taking their whole timeouts, RL fitted
-    into what they leave (at run time it is fitted again into what they really left); each phase's need and
-    timeout, and the sum of the timeouts of its stages (phases side by side count once)."""
+    """Part B's plan before it runs: the conversion and W* taking their whole timeouts, the arms fitted into
+    what they leave (at run time they are fitted again into what those really left); each phase's need and
+    timeout, and the sum of the timeouts of its stages (phases side by side count once: the longest)."""
     first = needs(s, est)
-    used = timeout_for(first["b0-convert"]) + timeout_for(first["b1-warmstart"])
+    used = timeout_for(first["b0-convert"]) + timeout_for(first["b1-wstar"])
     s = {**s, "rl_seconds": fit_rl(s, est, budget - reserve - used)}
     n = needs(s, est)
     phases = {name: {"need": round(v), "timeout": timeout_for(v)} for name, v in n.items()}
-    stages = ("b0-convert", "b1-warmstart", "b2-grpo", "b3-eval", "b4-report", "b4-report", "b4-report")
+    arm = max(ARMS, key=lambda name: phases[name]["timeout"])
+    stages = ("b0-convert", "b1-wstar", arm, "b3-eval", "b4-report", "b4-report", "b4-report")
     return {"rl_seconds": s["rl_seconds"], "phases": phases,
             "grpo_steps_expected": int(s["rl_seconds"] // est["grpo_step_s"]),
             "timeouts_s": sum(phases[name]["timeout"] for name in stages), "budget_s": budget, "reserve_s": reserve}

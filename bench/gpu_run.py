@@ -15,19 +15,22 @@ evaluate.py on the checkpoint, the GPU's peak memory (torch.cuda.max_memory_allo
 runlog.memory_metrics) beside memplan's plan for the same run, tests/support/gpu_run.py (vLLM's GPU call sequence
 around a stand-in), and two ranks on one GPU (--device auto must fall back to the CPU, not crash).
 
-Part B, the BabyAI recipe (recipes.smollm2) at GPU scale in one call of at most 450 s, every phase bounded
-in time, with infra/decode.py's own generator (`--engine torch`; the image has no vLLM):
+Part B, the finite-demonstrations protocol (lab/protocol.py, docs/protocol.md) on BabyAI at GPU scale, in one
+call of at most 450 s, every phase bounded in time, with infra/decode.py's own generator (`--engine torch`;
+the image has no vLLM) and the recipe's settings (recipes.smollm2):
   0. the plan (bench/gpu_plan.py): each phase's seconds estimated from the generator's benchmark (the set-up call's
      bench/generate.py --device cuda, /tmp/generate.json) and the first H200 run's fixed costs (`estimate`,
      `needs`); each phase's timeout is its own seconds, start-up and save included, plus a margin
-     (`timeout_for`); GRPO and its control get what the other phases leave (`fit_rl`), at most 330 s;
-  1. the warm start, bounded by its episodes (400, one pass);
-  2. GRPO from the warm start, 64 tasks x 8 samples a step, validation every 3 steps, beside the imitation
-     control: the same warm start imitating for the same seconds (side by side on the one GPU; each phase's
-     wall and CPU seconds recorded);
-  3. the warm start, the control and the RL result on the same 200 x 2 test episodes, the same decoding;
+     (`timeout_for`); the three arms get what the other phases leave (`fit_rl`), at most 330 s each;
+  1. W*: the expert plays 400 train tasks drawn once by the protocol's demonstration seed; its successes are
+     the finite set, imitated for 4 passes (a fixed number: no validation between epochs fits the minutes);
+  2. from W*, side by side on the one GPU for the same seconds each (wall and CPU seconds recorded): (A) GRPO,
+     64 tasks x 8 samples a step, no further demonstrations; (B) more imitation of the same finite set;
+     (C) self-imitation: W* plays other train tasks for at most half the seconds, then imitates its successes;
+  3. W* and the three arms on the same 200 x 2 test episodes, the same decoding;
   4. lab/stats.py's paired table and a result folder (python -m lab.report --publish), with the untrained
      model's published evaluation on the same tasks (0.0%; results/babyai-smollm2-seed0) instead of a new one.
+The RL arm uses the recipe's settings: the CPU screen (lab.protocol.SCREEN) has not chosen yet.
 
 `--dry-run` runs the parts on this CPU at toy scale (a few minutes; the check's CUDA-only parts say
 "skipped"), so the GPU's minutes are never spent on a typo. Every phase's command, seconds, return code
@@ -50,8 +53,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.gpu_plan import (BUDGET, CHECK_S, DRY, GENERATE_S, RESERVE, estimate, fit_rl, needs, plan_b,  # noqa: E402
-                            scale, timeout_for)
+from bench.gpu_plan import (ARMS, BUDGET, CHECK_S, DRY, GENERATE_S, RESERVE, estimate, fit_rl, needs,  # noqa: E402
+                            plan_b, scale, timeout_for)
 
 
 class Phases:
@@ -210,9 +213,11 @@ UNTRAINED = ROOT / "results/babyai-smollm2-seed0/evals/untrained"  # 0.0% on the
 
 def part_b(out: Path, dry: bool, phases: Phases, s: dict, bench: dict | None = None) -> dict:
     device = "cpu" if dry else "cuda"
-    rl, control = out / "b-rl", out / "b-imitation"
-    evals = {"warm-start": out / "b-eval-warmstart", "warm start + imitation": out / "b-eval-imitation",
-             "warm start + GRPO": out / "b-eval-rl"}
+    wstar_run = out / "b-wstar"
+    arms = {"rl": out / "b-rl", "imitation": out / "b-imitation", "self": out / "b-self"}
+    labels = {"wstar": "W* (imitation, finite set)", "imitation": "W* + more imitation (B)",
+              "self": "W* + self-imitation (C)", "rl": "W* + GRPO (A)"}
+    evals = {label: out / f"b-eval-{slug}" for slug, label in labels.items()}
     est = estimate(s, bench)
     plan = {"estimate": est, **plan_b(s, est, phases.left() + phases.reserve if phases.deadline else BUDGET["B"],
                                       phases.reserve)}
@@ -221,64 +226,80 @@ def part_b(out: Path, dry: bool, phases: Phases, s: dict, bench: dict | None = N
     def timeout(name: str) -> int:  # the phase's own; on the CPU at least the dry run's (the GPU's say nothing here)
         return max(timeout_for(needs(s, est)[name]), s["timeout"] if dry else 0)
 
-    def evaluate(label: str, model) -> tuple:
-        return (f"b-eval-{label.split()[-1].lower()}", launch(
+    def evaluate(slug: str, model) -> tuple:
+        return (f"b-eval-{slug}", launch(
             "evaluate.py", "--env", "babyai", "--env-options", '{"brief": true}', "--model", model, "--device", device,
             "--engine", "torch", "--split", "test", "--limit", s["test_tasks"], "--k", s["k"], "--chunk", s["chunk"],
-            "--turns", s["turns"], "--max-tokens", s["max_tokens"], "--max-context", 2048, "--out", evals[label]),
-                None, timeout("b3-eval"))
+            "--turns", s["turns"], "--max-tokens", s["max_tokens"], "--max-context", 2048,
+            "--out", evals[labels[slug]]), None, timeout("b3-eval"))
 
     recipe = ["--preset", "smollm2", "--device", device, "--engine", "torch", "--micro-tokens", s["micro_tokens"],
-              "--horizon", s["horizon"], "--max-tokens", s["max_tokens"]]
+              "--horizon", s["horizon"], "--max-tokens", s["max_tokens"], "--eval-every", 0]
+    finite = ["--bc-episodes", s["bc_episodes"], "--bc-tasks-seed", s["demo_seed"]]  # the one finite set, every run
     # 0. the GGUF's conversion, once, before the phases that share it start side by side
     phases.run("b0-convert", [sys.executable, "-c",
                               "from models import resolve_model; print(resolve_model('smollm2'))"],
                timeout=timeout("b0-convert"))
-    # 1. the warm start (imitation only: --steps 0), bounded by its episodes (one pass), not by seconds: on the
-    #    H200's machine the expert alone took 37 s for 640 episodes, so --bc-seconds 30 left it no optimizer step.
+    # 1. W*: the finite set (the expert's successes on bc_episodes train tasks drawn by demo_seed), imitated for
+    #    wstar_epochs passes (a fixed number: gpu_plan.GPU says why), bounded by its epochs, not by seconds.
     #    The untrained model is not evaluated again: its 0.0% on these tasks is measured (UNTRAINED)
-    phases.run("b1-warmstart", launch("train.py", *recipe, "--steps", 0, "--bc-episodes", s["bc_episodes"],
-                                      *(["--bc-seconds", s["bc_seconds"]] if s["bc_seconds"] else []),
-                                      "--eval-every", 0, "--out", rl), timeout=timeout("b1-warmstart"))
-    warm = rl / "warmstart"
-    if phases.deadline is not None:  # fitted again, into what the conversion and the warm start really left
+    phases.run("b1-wstar", launch("train.py", *recipe, "--steps", 0, *finite, "--bc-epochs", s["wstar_epochs"],
+                                  "--out", wstar_run), timeout=timeout("b1-wstar"))
+    wstar = wstar_run / "warmstart"
+    if phases.deadline is not None:  # fitted again, into what the conversion and W* really left
         s = {**s, "rl_seconds": fit_rl(s, est, phases.left())}
         plan["rl_seconds_run"] = s["rl_seconds"]
-        print(f"GRPO and its control: --rl-seconds {s['rl_seconds']} (timeouts {timeout('b2-grpo')} and "
-              f"{timeout('b2-imitation')} s; {phases.left():.0f} s left)", flush=True)
-    # 2. GRPO for --rl-seconds, beside the imitation control for the same seconds (several passes over its
-    #    demonstrations: on a GPU imitation consumes them faster than the expert can play new ones). Side by
-    #    side on the one GPU: each phase's wall and CPU seconds are recorded (summary.json)
+        print(f"the three arms: {s['rl_seconds']} s each (timeouts {', '.join(str(timeout(a)) for a in ARMS)} s; "
+              f"{phases.left():.0f} s left)", flush=True)
+    # 2. the protocol's three arms from W* (lab/protocol.py), the same seconds each, side by side on the one GPU
+    #    (each phase's wall and CPU seconds recorded): (A) GRPO on train tasks, no further demonstrations;
+    #    (B) more imitation of the same finite set; (C) self-imitation: W* plays other train tasks for at most
+    #    half the seconds and imitates its successes for the rest (interaction without a policy gradient)
     phases.parallel([
-        ("b2-grpo", launch("train.py", *recipe, "--resume", "--steps", 1000, "--rl-seconds", s["rl_seconds"],
-                           "--tasks-per-step", s["tasks"], "--samples-per-task", s["samples"],
-                           "--eval-every", s["eval_every"], "--eval-tasks", s["eval_tasks"], "--save-every", 1000,
-                           "--out", rl), None, timeout("b2-grpo")),
-        ("b2-imitation", launch("train.py", *recipe, "--model", warm, "--seed", 1000, "--steps", 0,
-                                "--bc-episodes", s["bc_episodes"], "--bc-epochs", 50, "--bc-seconds", s["rl_seconds"],
-                                "--eval-every", 0, "--out", control), None, timeout("b2-imitation"))])
-    # 3. the three models on the same test episodes, the same decoding
-    phases.parallel([evaluate("warm-start", warm), evaluate("warm start + imitation", control / "warmstart"),
-                     evaluate("warm start + GRPO", rl)])
+        ("b2-rl", launch("train.py", *recipe, "--model", wstar, "--bc-episodes", 0, "--steps", 1000,
+                         "--rl-seconds", s["rl_seconds"], "--tasks-per-step", s["tasks"],
+                         "--samples-per-task", s["samples"], "--save-every", 1000, "--out", arms["rl"]),
+         None, timeout("b2-rl")),
+        ("b2-imitation", launch("train.py", *recipe, "--model", wstar, "--seed", 50, "--steps", 0, *finite,
+                                "--bc-epochs", 1000, "--bc-seconds", s["rl_seconds"], "--out", arms["imitation"]),
+         None, timeout("b2-imitation")),
+        ("b2-self", launch("train.py", *recipe, "--model", wstar, "--seed", 60, "--steps", 0, "--bc-actor", "policy",
+                           "--bc-episodes", s["self_episodes"], "--bc-tasks-seed", s["demo_seed"] + 1,
+                           "--bc-play-seconds", s["rl_seconds"] / 2, "--bc-epochs", 1000,
+                           "--bc-seconds", s["rl_seconds"], "--out", arms["self"]), None, timeout("b2-self"))])
+    # 3. the four models on the same test episodes, the same decoding
+    phases.parallel([evaluate("wstar", wstar), evaluate("imitation", arms["imitation"] / "warmstart"),
+                     evaluate("self", arms["self"] / "warmstart"), evaluate("rl", arms["rl"])])
     # 4. the paired table and the result folder; the untrained model's published evaluation unpacked beside them
     phases.reserve = 5
     phases.run("b4-untrained", [sys.executable, "-m", "lab.report", "--unpack", UNTRAINED, out / "b-eval-untrained"],
                timeout=timeout("b4-report"))
     pairs = [f"untrained={out / 'b-eval-untrained'}"] + [f"{label}={folder}" for label, folder in evals.items()]
     table = phases.run("b4-report", [sys.executable, "-m", "lab.report", *pairs], timeout=timeout("b4-report"))
-    name = "results-dry-run" if dry else "babyai-smollm2-gpu"
-    phases.run("b4-publish", [sys.executable, "-m", "lab.report", "--publish", rl, out / name, *pairs],
+    name = "results-dry-run" if dry else "babyai-protocol-gpu"
+    phases.run("b4-publish", [sys.executable, "-m", "lab.report", "--publish", arms["rl"], out / name, *pairs],
                timeout=timeout("b4-report"))
-    rows = metrics(rl)
+    rows = metrics(arms["rl"])
     return {"b": {"device": device, "scale": s, "plan": plan, "steps": len(rows),
                   "episodes": len(rows) * s["tasks"] * s["samples"],
                   "untrained": f"reused: {UNTRAINED.relative_to(ROOT)} (the same 200 test tasks x 2; 0.0%)",
                   "rl_seconds_spent": round(sum(r.get("time/step", 0) for r in rows), 1),
-                  "per_step": [{k: r.get(k) for k in ("step", "reward", "success", "eval/success", "constant_groups",
-                                                      "skipped", "time/step", "time/generate", "time/update",
-                                                      "time/env", "mem/gpu_peak_mb") if k in r} for r in rows],
-                  "planned_gb": planned_gb(rl, device), "table": table["tail"],
+                  "per_step": [{k: r.get(k) for k in ("step", "reward", "success", "constant_groups", "skipped",
+                                                      "time/step", "time/generate", "time/update", "time/env",
+                                                      "mem/gpu_peak_mb") if k in r} for r in rows],
+                  "imitation": {slug: _warmstart_summary(run) for slug, run in
+                                (("wstar", wstar_run), ("imitation", arms["imitation"]), ("self", arms["self"]))},
+                  "planned_gb": planned_gb(arms["rl"], device), "table": table["tail"],
                   "evals": {label: _eval_summary(folder) for label, folder in evals.items()}}}
+
+
+def _warmstart_summary(run: Path) -> dict | None:
+    """An imitation run's last line (warmstart.jsonl): demonstrations, optimizer steps, what it played."""
+    path = run / "warmstart.jsonl"
+    if not path.exists():
+        return None
+    done = json.loads(path.read_text().splitlines()[-1])
+    return {k: done.get(k) for k in ("actor", "demonstrations", "played", "optimizer_steps", "seconds", "tasks_seed")}
 
 
 def write_page(out: Path, summary: dict) -> None:
