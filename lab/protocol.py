@@ -3,6 +3,7 @@ the environment add anything, and does RL add more than imitating one's own succ
 
     python -m lab.protocol --env babyai --seed 0          # runs (or resumes) every piece, publishing as it goes
     python -m lab.protocol --env babyai --seed 0 --plan   # prints its settings (sizes, screen, rule), runs nothing
+    python -m lab.protocol --env babyai --seed 0 --status # each piece done or to run, and the time left
 
 Earlier tables compared GRPO with imitation that drew unlimited fresh demonstrations from a near-perfect
 expert: that asks whether the expert is worth more than the environment (it is, at this scale), not
@@ -48,6 +49,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from lab.pieces import Pieces, other_machine
+from lab.tables import protocol_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -270,9 +272,65 @@ class Protocol:
             if (self.results / "test").exists():
                 shutil.rmtree(self.results / "test")
             published.publish(None, self.results / "test", evals)
-        (self.results / "summary.md").write_text(summary(self.results, evals, arms))
+        (self.results / "summary.md").write_text(protocol_summary(self.results, evals, arms,
+                                                                     published.REFUSALS.get(self.env, ())))
         print((self.results / "summary.md").read_text())
         return self.results
+
+    def status(self) -> str:
+        """Where the protocol stands, from the result folder and this machine's runs/ (runs nothing): each piece
+        recorded, with what it measured, or still to run, and the wall seconds left, estimated from this
+        folder's own records (an epoch's and a validation's wall; a budgeted piece's CPU seconds at the epochs'
+        CPU-to-wall ratio; a test at the validations' seconds an episode)."""
+        rec, lines, left = self.pieces.recorded, [], 0.0
+        rows = [json.loads(x) for x in (self.results / "pieces.jsonl").read_text().splitlines() if x.strip()] \
+            if (self.results / "pieces.jsonl").exists() else []
+        walls = lambda pick: sorted(r["wall_s"] for r in rows if pick(r["piece"]))  # noqa: E731
+        epoch_walls = walls(lambda n: n.startswith("epoch-")) or [0.0]
+        epoch_s = epoch_walls[len(epoch_walls) // 2]
+        vals = [r for r in rows if r["piece"].startswith("val-")]
+        per_episode = sum(r["wall_s"] for r in vals) / max(sum(r["episodes"] for r in vals), 1)
+        wall_per_cpu = sum(r["wall_s"] for r in rows if r["piece"].startswith("epoch-")) / max(
+            sum(r["cpu_s"] for r in rows if r["piece"].startswith("epoch-")), 1e-9)
+        guess = {"epoch": epoch_s, "val": per_episode * self.scale.val_tasks * self.scale.val_k,
+                 "screen": self.scale.screen_cpu * wall_per_cpu, "arm": self.scale.arm_cpu * wall_per_cpu,
+                 "test": per_episode * self.scale.test_tasks * self.scale.test_k}
+
+        def piece(name: str, family: str, show=lambda r: "") -> None:
+            nonlocal left
+            r = rec(name)
+            if r is None:
+                left += guess[family]
+            lines.append(f"  {name:<24} {'done' if r else 'to run':<7} " + (
+                f"{r['wall_s']:>6.0f} s  {show(r)}" if r else f"~{guess[family]:>5.0f} s"))
+        success = lambda r: f"success {100 * r['success']:.1f}%"  # noqa: E731
+        plateau = json.loads((self.results / "plateau.json").read_text()) if (self.results / "plateau.json").exists() \
+            else None
+        lines.append(f"plateau: {'decided, W* = epoch ' + str(plateau['best_epoch']) if plateau else 'not decided'}")
+        last = len(plateau["epochs"]) if plateau else next(
+            e for e in range(1, self.scale.max_epochs + 2) if e > self.scale.max_epochs or rec(f"val-epoch-{e}") is None)
+        for e in range(1, min(last, self.scale.max_epochs) + 1):
+            piece(f"epoch-{e}", "epoch", lambda r: f"{r['cpu_s']:.0f} CPU s" + (", built again" if r.get("rebuilt") else ""))
+            piece(f"val-epoch-{e}", "val", success)
+        need = plateau["best_epoch"] if plateau else last - 1  # the epochs the next piece starts from
+        built = [e for e in range(1, need + 1) if (self.runs / f"epoch-{e}" / "warmstart").exists()]
+        if len(built) < need:
+            lines.append(f"  this machine has {len(built)} of the {need} epoch models the next pieces start from: "
+                         f"~{(need - len(built)) * epoch_s:.0f} s to build them again")
+            left += (need - len(built)) * epoch_s
+        lines.append("screen:" if self.seed == 0 else "screen: seed 0's choice")
+        for name in self.screen if self.seed == 0 else []:
+            piece(f"screen-{name}", "screen", lambda r: f"{r.get('steps')} RL steps")
+            piece(f"val-screen-{name}", "val", success)
+        lines.append("arms:")
+        for slug in ("rl", "imitation", "self"):
+            piece(f"arm-{slug}", "arm", lambda r: f"{r.get('budget_cpu_s', 0):.0f} budgeted CPU s")
+        lines.append("test:")
+        for slug in SLUG.values():
+            piece(f"test-{slug}", "test", success)
+        return "\n".join([f"{self.results} ({self.runs}):", *lines,
+                          f"left: about {left / 3600:.1f} h of wall time on this machine, alone on its cores"
+                          + ("" if plateau else ", and more epochs while validation rises")]) + "\n"
 
     def demos(self) -> None:
         """demos.json: the finite set's task ids, drawn as the warm start draws them (warmstart.demo_tasks)."""
@@ -300,47 +358,6 @@ def rl_cpu_spent(out: Path, world: int) -> float:
 
 
 
-
-def summary(results: Path, evals: list[tuple[str, Path]], arms: dict) -> str:
-    """summary.md: each model's test figures (success, Pass@k, refused share, never-/always-solved tasks) and
-    each arm's resources, from the evaluations' own files."""
-    from lab.results import REFUSALS
-    from lab.stats import load_evals, pass_at_k, task_means
-    _, records = load_evals(evals)
-    env = json.loads((results / "protocol.json").read_text())["env"]
-    lines = [f"# {results.name}: the finite-demonstrations protocol", "",
-             "Generated by `python -m lab.protocol` from this folder's files; paired intervals: test/tables.md.", "",
-             "| model | tasks | success % | Pass@k % | refused turns % | never solved | always solved |", "|---|---|---|---|---|---|---|"]
-    for label, recs in records:
-        by_task: dict[int, list[bool]] = {}
-        refused = observed = 0
-        for r in recs:
-            by_task.setdefault(r["task_id"], []).append(bool(r["success"]))
-            msgs = r.get("messages", [])
-            for m, nxt in zip(msgs, msgs[1:]):
-                if m["role"] == "assistant" and nxt["role"] == "user":
-                    observed += 1
-                    refused += any(mark in nxt["content"] for mark in REFUSALS.get(env, ()))
-        k = min(len(s) for s in by_task.values())
-        means = task_means(recs)
-        passk = sum(pass_at_k(len(s), sum(s), k) for s in by_task.values()) / len(by_task)
-        lines.append(f"| {label} | {len(by_task)} | {100 * sum(means.values()) / len(means):.1f} | {100 * passk:.1f} "
-                     f"(k={k}) | {100 * refused / max(observed, 1):.1f} | {sum(not any(s) for s in by_task.values())} | "
-                     f"{sum(all(s) for s in by_task.values())} |")
-    lines += ["", "| arm | CPU s (all processes) | budgeted CPU s | wall s | episodes played | per hour (wall) |",
-              "|---|---|---|---|---|---|"]
-    kinds = {rec.get("machine") for rec in arms.values() if rec is not None}
-    for name, rec in arms.items():
-        if rec is None:
-            continue
-        played = rec.get("episodes_played") or rec.get("played") or 0
-        lines.append(f"| {name} | {rec['cpu_s']:.0f} | {rec.get('budget_cpu_s', 0):.0f} | {rec['wall_s']:.0f} | "
-                     f"{played} | {3600 * played / max(rec['wall_s'], 1e-9):.0f} |")
-    lines += ["", f"Machine: {' / '.join(sorted(map(str, kinds)))}" + (
-        "  \nNOTE: the arms ran on different CPU kinds; their CPU seconds are not comparable." if len(kinds) > 1 else "")]
-    lines += ["", "Episodes played: RL's rollouts; imitation: the expert's replays of the finite set (the same "
-              "demonstrations, not new ones); self-imitation: W*'s own play, whose successes it imitates."]
-    return "\n".join(lines) + "\n"
 
 
 def check(args) -> str | None:
@@ -385,6 +402,7 @@ def main(argv=None) -> None:
     p.add_argument("--runs", default="runs/protocol-{env}-seed{seed}")
     p.add_argument("--results", default="results/protocol-{env}-seed{seed}")
     p.add_argument("--plan", action="store_true", help="print the settings and stop")
+    p.add_argument("--status", action="store_true", help="print each piece's state and the time left; run nothing")
     args = p.parse_args(argv)
     scale = SCALES[args.scale]
     scale = replace(scale, **{k: v for k, v in vars(args).items() if k in asdict(scale) and v is not None})
@@ -398,6 +416,9 @@ def main(argv=None) -> None:
                      args.nproc)
     if args.plan:
         print(json.dumps({"scale": asdict(scale), "screen": proto.screen, "rule": RULE, "turns": proto.turns}, indent=1))
+        return
+    if args.status:
+        print(proto.status(), end="")
         return
     if problem := other_machine(proto.results, str(proto.runs), str(proto.results)):
         print(f"error: {problem}", file=sys.stderr)

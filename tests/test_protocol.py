@@ -66,6 +66,9 @@ def test_every_piece_runs_and_the_result_folder_holds_what_each_measured(smoke):
     for label in ("W* (imitation plateau)", "more imitation (B)", "self-imitation (C)", "W* + RL (A)"):
         assert label in summary
     assert "never solved" in summary and "Paired differences" in (results / "test" / "tables.md").read_text()
+    status = run(*smoke[1], "--status", timeout=120)
+    assert status.returncode == 0 and " to run " not in status.stdout and "plateau: decided" in status.stdout
+    assert "left: about 0.0 h" in status.stdout, status.stdout
 
 
 def test_a_rerun_on_a_new_machine_replays_only_unfinished_pieces(smoke, tmp_path):
@@ -81,6 +84,10 @@ def test_a_rerun_on_a_new_machine_replays_only_unfinished_pieces(smoke, tmp_path
     (results / "pieces.jsonl").write_text("\n".join(kept) + "\n")
     subprocess.run(["rm", "-r", str(results / "evals" / "test-self"), str(results / "test")], check=True)
     flags = ["--scale", "smoke", "--nproc", "1", "--runs", str(tmp_path / "runs"), "--results", str(results)]
+    status = run(*flags, "--status", timeout=120)  # runs nothing: says what is left, and what must be built again
+    assert status.returncode == 0 and not (tmp_path / "runs").exists(), status.stderr
+    left = [line.split()[0] for line in status.stdout.splitlines() if " to run " in line]
+    assert left == ["arm-self", "test-self"] and "epoch models the next pieces start from" in status.stdout
     proc = run(*flags)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     started = [line.split(":")[0].removeprefix("[protocol] ") for line in proc.stdout.splitlines()
