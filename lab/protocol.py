@@ -178,7 +178,7 @@ class Protocol:
         """Epoch e's model on this machine, built (again) when missing: each epoch starts from the last's."""
         start = self.scale.model if e == 1 else str(self.epoch_model(e - 1))
         self.pieces.run(f"epoch-{e}", lambda: self.imitate(start, self.runs / f"epoch-{e}", self.seed * 100 + e),
-                       "imitation", epoch=e)
+                        "imitation", epoch=e)
         return self.runs / f"epoch-{e}" / "warmstart"
 
     def plateau(self) -> list[dict]:
@@ -227,7 +227,7 @@ class Protocol:
 
     def screen_model(self, name: str) -> Path:
         self.pieces.run(f"screen-{name}", lambda: self.rl(self.runs / f"screen-{name}", name, self.scale.screen_cpu),
-                       "rl", setting=name)
+                        "rl", setting=name)
         return self.runs / f"screen-{name}"
 
     def arm_rl(self, setting: str) -> dict:
@@ -236,9 +236,9 @@ class Protocol:
         if self.pieces.done(name, reuse) is None and (out / "checkpoints" / "latest").exists():  # resume what is left
             left = self.scale.arm_cpu - rl_cpu_spent(out, self.nproc)
             return self.pieces.run(name, lambda: self.rl(out, setting, max(left, 1e-3)) + ["--resume"], "rl",
-                                  fresh=False, setting=setting, resumed=True)
+                                   fresh=False, setting=setting, resumed=True)
         return self.pieces.run(name, lambda: self.rl(out, setting, self.scale.arm_cpu), "rl", reuse=reuse,
-                              setting=setting)
+                               setting=setting)
 
     def arm_imitation(self, slug: str, seed: int, **kw) -> dict:
         """Arm B (the finite set again) or C (actor='policy': W*'s own play), for arm_cpu CPU seconds."""
@@ -304,13 +304,13 @@ class Protocol:
             lines.append(f"  {name:<24} {'done' if r else 'to run':<7} " + (
                 f"{r['wall_s']:>6.0f} s  {show(r)}" if r else f"~{guess[family]:>5.0f} s"))
         success = lambda r: f"success {100 * r['success']:.1f}%"  # noqa: E731
-        plateau = json.loads((self.results / "plateau.json").read_text()) if (self.results / "plateau.json").exists() \
-            else None
+        decided = self.results / "plateau.json"
+        plateau = json.loads(decided.read_text()) if decided.exists() else None
         lines.append(f"plateau: {'decided, W* = epoch ' + str(plateau['best_epoch']) if plateau else 'not decided'}")
-        last = len(plateau["epochs"]) if plateau else next(
+        last = len(plateau["epochs"]) if plateau else next(  # the last epoch recorded, or the next to run
             e for e in range(1, self.scale.max_epochs + 2) if e > self.scale.max_epochs or rec(f"val-epoch-{e}") is None)
         for e in range(1, min(last, self.scale.max_epochs) + 1):
-            piece(f"epoch-{e}", "epoch", lambda r: f"{r['cpu_s']:.0f} CPU s" + (", built again" if r.get("rebuilt") else ""))
+            piece(f"epoch-{e}", "epoch", lambda r: f"{r['cpu_s']:.0f} CPU s" + (", rebuilt" if r.get("rebuilt") else ""))
             piece(f"val-epoch-{e}", "val", success)
         need = plateau["best_epoch"] if plateau else last - 1  # the epochs the next piece starts from
         built = [e for e in range(1, need + 1) if (self.runs / f"epoch-{e}" / "warmstart").exists()]
