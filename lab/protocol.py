@@ -285,16 +285,16 @@ class Protocol:
         rec, lines, left = self.pieces.recorded, [], 0.0
         rows = [json.loads(x) for x in (self.results / "pieces.jsonl").read_text().splitlines() if x.strip()] \
             if (self.results / "pieces.jsonl").exists() else []
-        walls = lambda pick: sorted(r["wall_s"] for r in rows if pick(r["piece"]))  # noqa: E731
-        epoch_walls = walls(lambda n: n.startswith("epoch-")) or [0.0]
-        epoch_s = epoch_walls[len(epoch_walls) // 2]
+        epochs = [r for r in rows if r["piece"].startswith("epoch-")]
         vals = [r for r in rows if r["piece"].startswith("val-")]
+        epoch_s = sorted(r["wall_s"] for r in epochs)[len(epochs) // 2] if epochs else 0.0  # the median
         per_episode = sum(r["wall_s"] for r in vals) / max(sum(r["episodes"] for r in vals), 1)
-        wall_per_cpu = sum(r["wall_s"] for r in rows if r["piece"].startswith("epoch-")) / max(
-            sum(r["cpu_s"] for r in rows if r["piece"].startswith("epoch-")), 1e-9)
+        wall_per_cpu = sum(r["wall_s"] for r in epochs) / max(sum(r["cpu_s"] for r in epochs), 1e-9)
         guess = {"epoch": epoch_s, "val": per_episode * self.scale.val_tasks * self.scale.val_k,
                  "screen": self.scale.screen_cpu * wall_per_cpu, "arm": self.scale.arm_cpu * wall_per_cpu,
                  "test": per_episode * self.scale.test_tasks * self.scale.test_k}
+
+        known = bool(epochs and vals)  # a fresh folder has nothing to estimate from
 
         def piece(name: str, family: str, show=lambda r: "") -> None:
             nonlocal left
@@ -302,7 +302,7 @@ class Protocol:
             if r is None:
                 left += guess[family]
             lines.append(f"  {name:<24} {'done' if r else 'to run':<7} " + (
-                f"{r['wall_s']:>6.0f} s  {show(r)}" if r else f"~{guess[family]:>5.0f} s"))
+                f"{r['wall_s']:>6.0f} s  {show(r)}" if r else f"~{guess[family]:>5.0f} s" if known else "~?"))
         success = lambda r: f"success {100 * r['success']:.1f}%"  # noqa: E731
         decided = self.results / "plateau.json"
         plateau = json.loads(decided.read_text()) if decided.exists() else None
@@ -328,9 +328,10 @@ class Protocol:
         lines.append("test:")
         for slug in SLUG.values():
             piece(f"test-{slug}", "test", success)
-        return "\n".join([f"{self.results} ({self.runs}):", *lines,
-                          f"left: about {left / 3600:.1f} h of wall time on this machine, alone on its cores"
-                          + ("" if plateau else ", and more epochs while validation rises")]) + "\n"
+        end = (f"left: about {left / 3600:.1f} h of wall time on this machine, alone on its cores"
+               + ("" if plateau else ", and more epochs while validation rises")) if known else \
+            "left: not estimated yet (the folder records no epoch and validation to estimate from)"
+        return "\n".join([f"{self.results} ({self.runs}):", *lines, end]) + "\n"
 
     def demos(self) -> None:
         """demos.json: the finite set's task ids, drawn as the warm start draws them (warmstart.demo_tasks)."""
