@@ -33,9 +33,10 @@ what RL is for. Here the demonstrations are finite, and imitation has used them 
 
 Every step is a piece (lab/pieces.py): a directory under runs/protocol-ENV-seedS/, and when finished a
 record in results/protocol-ENV-seedS/pieces.jsonl (small files, never weights), so a change of machine
-loses at most one piece. A rerun skips finished pieces and resumes a crashed RL arm from its checkpoint
-with the CPU seconds it had left (a crashed imitation arm or epoch starts again; evaluate.py resumes
-itself); on a machine with an empty runs/ it builds again only the models an unfinished piece starts from.
+loses at most one piece. A rerun skips finished pieces and resumes a crashed RL piece (arm A or a screened
+setting) from its checkpoint with the CPU seconds it had left (a crashed imitation arm or epoch starts
+again; evaluate.py resumes itself); on a machine with an empty runs/ it builds again only the models an
+unfinished piece starts from.
 Test: python -m pytest tests/test_protocol.py
 """
 from __future__ import annotations
@@ -225,20 +226,24 @@ class Protocol:
                                   indent=1) + "\n")
         return choice
 
+    def rl_piece(self, name: str, setting: str, seconds: float, reuse: bool = False) -> dict:
+        """An RL piece (a screened setting, arm A) under `setting` for `seconds` CPU seconds. One that crashed (or
+        whose machine stopped) after a checkpoint (every 4 steps) resumes from it with the seconds it had left,
+        instead of starting again."""
+        out = self.runs / name
+        if self.pieces.done(name, reuse) is None and (out / "checkpoints" / "latest").exists():
+            left = seconds - rl_cpu_spent(out, self.nproc)
+            return self.pieces.run(name, lambda: self.rl(out, setting, max(left, 1e-3)) + ["--resume"], "rl",
+                                   fresh=False, setting=setting, resumed=True)
+        return self.pieces.run(name, lambda: self.rl(out, setting, seconds), "rl", reuse=reuse, setting=setting)
+
     def screen_model(self, name: str) -> Path:
-        self.pieces.run(f"screen-{name}", lambda: self.rl(self.runs / f"screen-{name}", name, self.scale.screen_cpu),
-                        "rl", setting=name)
+        self.rl_piece(f"screen-{name}", name, self.scale.screen_cpu)
         return self.runs / f"screen-{name}"
 
     def arm_rl(self, setting: str) -> dict:
-        name, out = "arm-rl", self.runs / "arm-rl"
-        reuse = self.pieces.recorded("test-rl") is not None  # its test is measured: the arm's model is not needed
-        if self.pieces.done(name, reuse) is None and (out / "checkpoints" / "latest").exists():  # resume what is left
-            left = self.scale.arm_cpu - rl_cpu_spent(out, self.nproc)
-            return self.pieces.run(name, lambda: self.rl(out, setting, max(left, 1e-3)) + ["--resume"], "rl",
-                                   fresh=False, setting=setting, resumed=True)
-        return self.pieces.run(name, lambda: self.rl(out, setting, self.scale.arm_cpu), "rl", reuse=reuse,
-                               setting=setting)
+        # its test measured, the arm's model is not needed: its record is enough
+        return self.rl_piece("arm-rl", setting, self.scale.arm_cpu, reuse=self.pieces.recorded("test-rl") is not None)
 
     def arm_imitation(self, slug: str, seed: int, **kw) -> dict:
         """Arm B (the finite set again) or C (actor='policy': W*'s own play), for arm_cpu CPU seconds."""

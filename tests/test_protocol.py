@@ -4,6 +4,7 @@ piece runs, the result folder holds what each measured, and a rerun replays only
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,34 @@ def test_a_rerun_on_a_new_machine_replays_only_unfinished_pieces(smoke, tmp_path
     assert all(r["same_weights_as_recorded"] for r in new[:best])  # deterministic imitation, same machine
     assert "W* + self-imitation (C)" in (results / "summary.md").read_text()
     assert (tmp_path / "runs" / "test-wstar" / "results.json").exists()  # restored from the folder's archive
+
+
+def test_a_screened_setting_stopped_after_its_checkpoint_resumes_with_the_seconds_it_had_left(smoke, tmp_path):
+    """A screened RL setting whose machine stopped after its last checkpoint (runs/ holds the checkpoint and its
+    metrics; no piece.json, no record, no validation): the rerun resumes it (--resume, the CPU seconds it had
+    left) instead of training it again from W*, validates it, and runs nothing else."""
+    base, _, _ = smoke
+    for part in ("runs", "results"):
+        shutil.copytree(base / part, tmp_path / part, symlinks=True)
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    lines = (results / "pieces.jsonl").read_text().splitlines()
+    kept = [line for line in lines if json.loads(line)["piece"] not in ("screen-recipe", "val-screen-recipe")]
+    (results / "pieces.jsonl").write_text("\n".join(kept) + "\n")
+    for path in (runs / "val-screen-recipe", results / "evals" / "val-screen-recipe"):
+        shutil.rmtree(path)
+    (runs / "screen-recipe" / "piece.json").unlink()
+    (results / "screen.json").unlink()
+    assert (runs / "screen-recipe" / "checkpoints" / "latest").exists()
+    steps = len((runs / "screen-recipe" / "metrics.jsonl").read_text().splitlines())
+    proc = run("--scale", "smoke", "--nproc", "1", "--runs", str(runs), "--results", str(results))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    started = [line.split(":")[0].removeprefix("[protocol] ") for line in proc.stdout.splitlines()
+               if line.startswith("[protocol]")]
+    assert started == ["screen-recipe", "val-screen-recipe"]
+    assert "--resume" in next(line for line in proc.stdout.splitlines() if line.startswith("[protocol] screen-"))
+    record = json.loads((results / "pieces.jsonl").read_text().splitlines()[-2])
+    assert record["piece"] == "screen-recipe" and record["resumed"] and record["steps"] > steps
+    assert json.loads((results / "screen.json").read_text())["choice"] == "recipe"
 
 
 def test_a_folder_from_another_cpu_kind_is_refused_before_start_up(tmp_path):
