@@ -298,7 +298,6 @@ class Protocol:
         guess = {"epoch": epoch_s, "val": per_episode * self.scale.val_tasks * self.scale.val_k,
                  "screen": self.scale.screen_cpu * wall_per_cpu, "arm": self.scale.arm_cpu * wall_per_cpu,
                  "test": per_episode * self.scale.test_tasks * self.scale.test_k}
-
         known = bool(epochs and vals)  # a fresh folder has nothing to estimate from
 
         def piece(name: str, family: str, show=lambda r: "") -> None:
@@ -319,10 +318,7 @@ class Protocol:
             piece(f"val-epoch-{e}", "val", success)
         need = plateau["best_epoch"] if plateau else last - 1  # the epochs the next piece starts from
         built = [e for e in range(1, need + 1) if (self.runs / f"epoch-{e}" / "warmstart").exists()]
-        if len(built) < need:
-            lines.append(f"  this machine has {len(built)} of the {need} epoch models the next pieces start from: "
-                         f"~{(need - len(built)) * epoch_s:.0f} s to build them again")
-            left += (need - len(built)) * epoch_s
+        rebuild = len(lines)  # where the rebuild's line goes, if a piece is left to start from those epochs
         lines.append("screen:" if self.seed == 0 else "screen: seed 0's choice")
         for name in self.screen if self.seed == 0 else []:
             piece(f"screen-{name}", "screen", lambda r: f"{r.get('steps')} RL steps")
@@ -333,6 +329,10 @@ class Protocol:
         lines.append("test:")
         for slug in SLUG.values():
             piece(f"test-{slug}", "test", success)
+        if len(built) < need and any(" to run " in line for line in lines[rebuild:]):
+            lines.insert(rebuild, f"  this machine has {len(built)} of the {need} epoch models the next pieces start "
+                                  f"from: ~{(need - len(built)) * epoch_s:.0f} s to build them again")
+            left += (need - len(built)) * epoch_s
         end = (f"left: about {left / 3600:.1f} h of wall time on this machine, alone on its cores"
                + ("" if plateau else ", and more epochs while validation rises")) if known else \
             "left: not estimated yet (the folder records no epoch and validation to estimate from)"
