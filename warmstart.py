@@ -39,7 +39,7 @@ from infra import budget, checkpoint, lora, peaks
 from batch import collate, forward
 from checks import Derived
 from config import Config
-from infra.distributed import all_max, all_sum, print0
+from infra.distributed import all_max, all_sum, print0, sync
 from infra.passes import DUMMY_WIDTH, micro_batches, pad
 from infra.runlog import trim_heap
 from framing import Framing
@@ -156,7 +156,7 @@ def demonstrations(ground: Playground, count: int, seed: int, what: str = "warm 
     lo = g.rank * len(tasks) // g.world  # contiguous shares: the reply seeds follow the global index
     mine = tasks[lo:(g.rank + 1) * len(tasks) // g.world] if actor == "policy" else tasks[g.rank::g.world]
     if actor == "policy":
-        g.engine.wake()
+        g.engine.wake()  # its KV cache back (run() synced the weights in)
         play = g.play(turns, (seed * 7919 + 3) * 131)
         played, size, clock = [], len(g.env_pool), g.cfg.budget_clock
         start = budget.now(clock)
@@ -218,6 +218,11 @@ def run(ground: Playground, policy, ref, warm_dir: Path) -> None:
     what = "self-imitation" if cfg.bc_actor == "policy" else "warm start"
     tasks_seed = cfg.seed if cfg.bc_tasks_seed < 0 else cfg.bc_tasks_seed  # one finite set across --seed
     with peaks.phase("warmstart.demonstrations"):  # infra/peaks.py: each phase's peak memory
+        if cfg.bc_actor == "policy":
+            # The generator plays, and startup.warm_start put it to sleep, its weights discarded (vLLM's
+            # sleep frees them; its generate then refuses to run): the policy's weights go back in first,
+            # as after every RL update (train.py's step 5). The in-process engines ignore sleep.
+            sync(ground.engine, policy, getattr(torch, ground.d.dtype))
         episodes, played = demonstrations(ground, cfg.bc_episodes, tasks_seed, what, cfg.bc_actor)
     trained = [p for p in policy.parameters() if p.requires_grad]  # --train-layers may freeze some
     optimizer = torch.optim.AdamW(trained, lr=cfg.bc_lr, weight_decay=cfg.weight_decay)

@@ -180,5 +180,6 @@ def summary(cfg, d, world: int) -> list[str]:
              f"horizon: {d.schedule.describe()}; {cfg.max_tokens} tokens a reply",
              f"device: {d.device}, {d.dtype}"]
     if cfg.bc_episodes:
-        lines.append(f"warm start: {cfg.bc_episodes} expert episodes, lr {cfg.bc_lr:g}")
+        who = "expert" if cfg.bc_actor == "expert" else "self-played"  # --bc-actor policy: self-imitation
+        lines.append(f"warm start: {cfg.bc_episodes} {who} episodes, lr {cfg.bc_lr:g}")
     return lines + [f"out: {d.out} (every setting: config.json)"]

@@ -157,3 +157,20 @@ def test_self_imitation_stops_playing_at_its_play_budget(tmp_path):
         line = next(x for x in proc.stdout.splitlines() if x.startswith("self-imitation: "))
         played[label] = int(line.split()[1])
     assert played == {"bounded": 4, "all": 12}  # one round, then the budget's verdict; else all three
+
+
+def test_self_imitation_plays_with_the_vllm_engine(tmp_path):
+    """The protocol's arm C on its real generator: startup.warm_start puts vLLM to sleep, its weights
+    discarded, before the warm start; the self-play must first get the policy's weights back (warmstart.run
+    syncs them), else vLLM's generate refuses ("engine is asleep") and the arm crashes at its first round.
+    Two ranks as the protocol runs it; the in-process engines ignore sleep and never showed this."""
+    pytest.importorskip("vllm")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", "train.py",
+           "--env", "babyai", "--engine", "vllm", "--bc-actor", "policy", "--bc-episodes", "8", "--bc-batch", "1",
+           "--steps", "0", "--max-tokens", "4", "--horizon", "2", "--tasks-per-step", "2", "--samples-per-task", "2",
+           "--out", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("self-imitation: "))
+    assert line.split()[1:3] == ["8", "policy"]  # every task played, by the generator
+    assert (tmp_path / "run" / "warmstart" / "config.json").exists()
