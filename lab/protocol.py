@@ -102,6 +102,7 @@ SCREEN = {
     "seq-mean": ["--agg", "seq-mean-token-mean"],
     "hot": ["--temperature", "1.3"],
 }
+GOAL_POINTS = 5.0  # RL's goal over W* and over more imitation, in points of test success (both intervals above 0)
 SMOKE_SCREEN = {"recipe": []}  # the smoke scale screens one setting: the machinery, not a choice
 SLUG = {"W*": "wstar", "rl": "rl", "imitation": "imitation", "self": "self"}  # each model's test piece: test-SLUG
 RULE = ("the setting with the highest validation success after its screen_cpu seconds; a tie goes to the one "
@@ -211,7 +212,10 @@ class Protocol:
         """The RL setting RULE picks, screened here (seed 0) or read from seed 0's result folder."""
         own = self.results / "screen.json"
         first = self.results.parent / self.results.name.replace(f"seed{self.seed}", "seed0") / "screen.json"
-        if self.seed != 0 and first.exists():
+        if self.seed != 0:
+            if not first.exists():  # screening again here would choose on this seed's own luck
+                raise SystemExit(f"error: seed {self.seed} uses seed 0's screened RL setting, and {first} does not "
+                                 f"exist yet; run seed 0 (same --runs/--results pattern) through its screen first")
             choice = json.loads(first.read_text())["choice"]
             own.write_text(json.dumps({"choice": choice, "from": first.parent.name}, indent=1) + "\n")
             return choice
@@ -277,8 +281,10 @@ class Protocol:
             if (self.results / "test").exists():
                 shutil.rmtree(self.results / "test")
             published.publish(None, self.results / "test", evals)
+        rl = labels["rl"]  # the issue's goals: RL - W* and RL - B at least +5 points, intervals above 0; RL - C reported
+        goals = [(rl, labels["W*"], GOAL_POINTS), (rl, labels["imitation"], GOAL_POINTS), (rl, labels["self"], None)]
         (self.results / "summary.md").write_text(protocol_summary(self.results, evals, arms,
-                                                                     published.REFUSALS.get(self.env, ())))
+                                                                     published.REFUSALS.get(self.env, ()), goals))
         print((self.results / "summary.md").read_text())
         return self.results
 

@@ -39,6 +39,35 @@ def test_the_screen_rule_takes_the_best_and_breaks_ties_by_order():
     assert protocol.choose({"a": 0.3, "b": 0.3}, ["b", "a"]) == "b"
 
 
+def test_a_later_seed_takes_seed_0s_screened_setting_and_never_screens_itself(tmp_path):
+    first, later = tmp_path / "protocol-babyai-seed0-k", tmp_path / "protocol-babyai-seed1-k"
+    later.mkdir()
+    proto = protocol.Protocol("babyai", 1, protocol.SCALES["smoke"], tmp_path / "runs", later)
+    with pytest.raises(SystemExit, match="run seed 0 .* through its screen first"):
+        proto.screened()
+    first.mkdir()
+    (first / "screen.json").write_text(json.dumps({"choice": "gentle", "scores": {}}))
+    assert proto.screened() == "gentle" and not (tmp_path / "runs").exists()  # nothing trained
+    assert json.loads((later / "screen.json").read_text()) == {"choice": "gentle", "from": first.name}
+
+
+def test_a_goal_is_met_only_at_its_points_with_the_interval_above_zero():
+    from lab.tables import goal_verdict, protocol_goals
+    assert goal_verdict(0.06, 0.01, 5.0) == "met"
+    assert goal_verdict(0.06, -0.01, 5.0) == "not met"   # the interval reaches 0
+    assert goal_verdict(0.04, 0.01, 5.0) == "not met"    # above 0, short of the points
+    assert goal_verdict(-0.2, -0.3, None) == "reported"
+    # RL solves 30 of 40 tasks that W* never solves (2 samples each); B solves the same 30 as RL
+    recs = lambda won: [{"task_id": t, "budget": 8, "success": t in won, "reward": float(t in won)}
+                        for t in range(40) for _ in range(2)]
+    runs = [("W*", recs(set())), ("B", recs(set(range(30)))), ("A", recs(set(range(30))))]
+    lines = protocol_goals(runs, [("A", "W*", 5.0), ("A", "B", 5.0), ("A", "C", None)], resamples=2_000)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| A - ")}
+    assert "+75.0" in rows["A - W*"] and rows["A - W*"].endswith("| met |")
+    assert "+0.0 [+0.0, +0.0]" in rows["A - B"] and rows["A - B"].endswith("| not met |")
+    assert "not evaluated" in rows["A - C"]
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     base = tmp_path_factory.mktemp("protocol")
@@ -67,6 +96,8 @@ def test_every_piece_runs_and_the_result_folder_holds_what_each_measured(smoke):
     for label in ("W* (imitation plateau)", "more imitation (B)", "self-imitation (C)", "W* + RL (A)"):
         assert label in summary
     assert "never solved" in summary and "Paired differences" in (results / "test" / "tables.md").read_text()
+    goals = [line for line in summary.splitlines() if line.startswith("| W* + RL (A) - ")]
+    assert len(goals) == 3 and goals[0].endswith(("| met |", "| not met |")) and goals[2].endswith("| reported |")
     status = run(*smoke[1], "--status", timeout=120)
     assert status.returncode == 0 and " to run " not in status.stdout and "plateau: decided" in status.stdout
     assert "left: about 0.0 h" in status.stdout, status.stdout
