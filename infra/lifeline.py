@@ -36,6 +36,11 @@ from infra.envcalls import abandoned
 GB = 2**30
 BEAT = 1.0  # seconds between heartbeats and peer checks
 _STATE = {"rank": None, "dir": None, "said": False, "note": None}
+# The watcher thread and the main thread's exit (atexit, SIGTERM) may both find the dead peer at once. The
+# line is written under this lock, so whichever finds the flag set waits for the other's line to be out:
+# without it the main thread could exit (os._exit, or the interpreter stopping daemon threads) while the
+# watcher was still printing, and the line was lost (seen under a loaded machine).
+_SAYING = threading.RLock()  # re-entrant: a SIGTERM handler may run in the main thread mid-line
 
 
 def directory() -> Path | None:
@@ -79,7 +84,8 @@ def stop() -> None:
     if _STATE["dir"] is not None and not _STATE.get("stopped"):
         if dead := _dead_peer():
             _say_once(cause(dead))
-        _STATE["stopped"] = _STATE["said"] = True
+        with _SAYING:  # a line the watcher is writing now is finished before this rank goes on to exit
+            _STATE["stopped"] = _STATE["said"] = True
         beat()
 
 
@@ -178,9 +184,11 @@ def _dead_peer() -> dict | None:
 
 
 def _say_once(line: str) -> None:
-    if not _STATE["said"]:
-        _STATE["said"] = True
-        print(f"\n[rank {_STATE['rank']}] {line}", file=sys.stderr, flush=True)
+    """Print the line once per process; on return it has been written, by this call or by an earlier one."""
+    with _SAYING:
+        if not _STATE["said"]:
+            _STATE["said"] = True
+            print(f"\n[rank {_STATE['rank']}] {line}", file=sys.stderr, flush=True)
 
 
 def _watch() -> None:

@@ -177,6 +177,39 @@ def test_a_killed_rank_is_named_with_its_signal_and_memory(tmp_path):
     assert "[rank 0] error: rank 1 (pid " in res.stderr  # the survivor said it too, before torchrun's wall
 
 
+def test_the_survivors_line_is_out_before_either_thread_goes_on(monkeypatch):
+    """The watcher thread and the main thread's exit can find the dead peer at the same moment: whichever
+    comes second must not return (and let the process exit) while the first is still writing the line.
+    A slow stderr holds the watcher mid-line; the main thread's call returns only once the line is out."""
+    import threading
+    import time
+
+    class Slow:
+        def __init__(self):
+            self.text, self.writing = "", threading.Event()
+
+        def write(self, s):
+            self.writing.set()
+            time.sleep(0.3)
+            self.text += s
+            return len(s)
+
+        def flush(self):
+            pass
+
+    slow = Slow()
+    monkeypatch.setattr(sys, "stderr", slow)
+    monkeypatch.setitem(lifeline._STATE, "said", False)
+    monkeypatch.setitem(lifeline._STATE, "rank", 0)
+    watcher = threading.Thread(target=lifeline._say_once, args=("error: rank 1 (pid 7) died",))
+    watcher.start()
+    assert slow.writing.wait(5)
+    lifeline._say_once("error: rank 1 (pid 7) died")  # the main thread's exit path, second
+    assert slow.text.count("[rank 0] error: rank 1 (pid 7) died") == 1, repr(slow.text)
+    watcher.join()
+    assert slow.text.count("error: rank 1") == 1
+
+
 def test_cause_reads_like_a_diagnosis():
     record = {"rank": 3, "pid": 2**22 + 7, "rss": 13.3 * GB, "peak": 13.4 * GB, "plan": 5.2 * GB, "share": 11.0 * GB}
     line = lifeline.cause(record, 9)
