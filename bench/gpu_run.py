@@ -30,7 +30,9 @@ the image has no vLLM) and the recipe's settings (recipes.smollm2):
   3. W* and the three arms on the same 200 x 2 test episodes, the same decoding;
   4. lab/stats.py's paired table and a result folder (python -m lab.report --publish), with the untrained
      model's published evaluation on the same tasks (0.0%; results/babyai-smollm2-seed0) instead of a new one.
-The RL arm uses the recipe's settings: the CPU screen (lab.protocol.SCREEN) has not chosen yet.
+The RL arm uses the recipe's settings with 8 samples a task: the CPU screen of seed 0 (lab.protocol.SCREEN,
+results/protocol-babyai-seed0-f25m17-avx512_bf16/screen.json) chose `wide-groups`, 8 samples a task, the
+other settings as the recipe's; the GPU's 64 tasks a step are its scale, not a screened choice.
 
 `--dry-run` runs the parts on this CPU at toy scale (a few minutes; the check's CUDA-only parts say
 "skipped"), so the GPU's minutes are never spent on a typo. Every phase's command, seconds, return code
