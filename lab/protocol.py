@@ -367,11 +367,6 @@ def rl_cpu_spent(out: Path, world: int) -> float:
     return sum(r.get("time/cpu_step", 0.0) * world for s, r in rows.items() if s < steps)
 
 
-
-
-
-
-
 def check(args) -> str | None:
     """A broken protocol command: one line, before anything starts."""
     s = args.scale
