@@ -158,14 +158,17 @@ def demonstrations(ground: Playground, count: int, seed: int, what: str = "warm 
     if actor == "policy":
         g.engine.wake()  # its KV cache back (run() synced the weights in)
         play = g.play(turns, (seed * 7919 + 3) * 131)
-        played, size, clock = [], len(g.env_pool), g.cfg.budget_clock
-        start = budget.now(clock)
-        for r in range(all_max(-(-len(mine) // size))):  # every rank the same rounds: the budget check is collective
-            if g.cfg.bc_play_seconds and r and budget.combined(
-                    clock, budget.now(clock) - start, all_sum, all_max) >= g.cfg.bc_play_seconds:
-                break  # --bc-play-seconds spent: the rest of --bc-seconds imitates what was won so far
+        played, size, clock, limit = [], len(g.env_pool), g.cfg.budget_clock, g.cfg.bc_play_seconds
+        start, rounds = budget.now(clock), all_max(-(-len(mine) // size))
+        for r in range(rounds):  # every rank the same rounds: the budget check is collective
             part = [(t_, 0) for t_ in mine[r * size:(r + 1) * size]]
             played += play_rounds(g.engine, g.chat, g.env_pool, g.make_env, part, play, g.threads, lo + r * size)
+            n, wins = all_sum(len(played), sum(ep.success for ep in played))
+            spent = budget.combined(clock, budget.now(clock) - start, all_sum, all_max)
+            print0(f"  {what}: round {r + 1}/{rounds}, {int(n)} episodes played, {int(wins)} won, "
+                   f"{spent:.0f}{f' of {limit:.0f}' if limit else ''} {clock} s of play")
+            if limit and spent >= limit:
+                break  # --bc-play-seconds spent: the rest of --bc-seconds imitates what was won so far
         g.engine.sleep()
     else:
         played = expert_episodes(g.chat, g.env_pool, g.make_env, mine, turns, g.cfg.max_context, g.d.framing,

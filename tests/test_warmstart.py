@@ -156,6 +156,10 @@ def test_self_imitation_stops_playing_at_its_play_budget(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         line = next(x for x in proc.stdout.splitlines() if x.startswith("self-imitation: "))
         played[label] = int(line.split()[1])
+        rounds = [x.split(", ")[:2] for x in proc.stdout.splitlines() if x.startswith("  self-imitation: round ")]
+        # a progress line a round, counting both ranks' episodes so far
+        assert rounds == [[f"  self-imitation: round {r}/3", f"{4 * r} episodes played"]
+                          for r in range(1, 1 + played[label] // 4)], rounds
     assert played == {"bounded": 4, "all": 12}  # one round, then the budget's verdict; else all three
 
 
