@@ -61,20 +61,28 @@ def trim_heap() -> float:
     return time.perf_counter() - t
 
 
-def provenance() -> dict:
-    """What produced a result: the git commit of this code, whether files git tracks had uncommitted
-    changes, the CPU and the main package versions (lab/results.py copies it into results/)."""
-    import platform
+def code_state(root: Path) -> tuple[str | None, bool | None]:
+    """The git commit at `root` and whether tracked code had uncommitted changes. Files under results/ do
+    not count: a long experiment (lab/protocol.py) appends its own records there while its pieces run, and
+    every later piece would otherwise be marked as made by changed code. (None, None) without git."""
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
     def git(*args):
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
     try:
-        head, status = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
-        commit, dirty = (head.stdout.strip(), bool(status.stdout.strip())) if head.returncode == 0 else (None, None)
+        head = git("rev-parse", "HEAD")
+        status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
     except (OSError, subprocess.SubprocessError):  # no git here
-        commit = dirty = None
+        return None, None
+    return (head.stdout.strip(), bool(status.stdout.strip())) if head.returncode == 0 else (None, None)
+
+
+def provenance() -> dict:
+    """What produced a result: the git commit of this code, whether tracked code had uncommitted changes
+    (`code_state`), the CPU and the main package versions (lab/results.py copies it into results/)."""
+    import platform
+
+    commit, dirty = code_state(Path(__file__).resolve().parent.parent)
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))

@@ -1,7 +1,10 @@
-"""The memory probe that each training step logs (mem/rss_mb, mem/heap_mb) and bench/soak.py reads."""
+"""The memory probe that each training step logs (mem/rss_mb, mem/heap_mb) and bench/soak.py reads, and the
+code state provenance.jsonl records."""
+import subprocess
+
 import torch
 
-from infra.runlog import memory_mb, trim_heap
+from infra.runlog import code_state, memory_mb, trim_heap
 
 
 def test_live_heap_follows_allocations_and_frees():
@@ -16,3 +19,24 @@ def test_live_heap_follows_allocations_and_frees():
     assert 95 < held["heap_mb"] - before["heap_mb"] < 110
     assert held["rss_mb"] - before["rss_mb"] > 90
     assert abs(after["heap_mb"] - before["heap_mb"]) < 5  # freed memory leaves the live heap at once
+
+
+def test_code_state_counts_code_changes_and_not_the_results_a_run_writes(tmp_path):
+    """A protocol's pieces append to results/ while later pieces start: that must not mark them as made by
+    changed code, while a changed tracked source file must."""
+    def git(*args):
+        subprocess.run(["git", "-c", "user.email=a@b", "-c", "user.name=a", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    git("init", "-q")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "pieces.jsonl").write_text("{}\n")
+    (tmp_path / "train.py").write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-qm", "c")
+    commit, dirty = code_state(tmp_path)
+    assert len(commit) == 40 and dirty is False
+    (tmp_path / "results" / "pieces.jsonl").write_text("{}\n{}\n")
+    (tmp_path / "untracked.py").write_text("")
+    assert code_state(tmp_path) == (commit, False)
+    (tmp_path / "train.py").write_text("x = 2\n")
+    assert code_state(tmp_path) == (commit, True)
