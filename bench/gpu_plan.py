@@ -19,7 +19,9 @@ import os
 # GPU scale: what part B's seconds are spent on (override with GPU_RUN_<NAME>=value). bc_episodes: the train
 # tasks the expert plays once, drawn by demo_seed (the protocol's 10,000 + seed 0): its successes are the finite
 # set. W* is wstar_epochs passes over it: the protocol's plateau needs a validation after each epoch, which the
-# lent minutes cannot pay for, so the epochs are fixed (4: docs/protocol.md's plateaus peaked at epochs 2-7).
+# lent minutes cannot pay for, so the epochs are fixed. 4 leaves the arms a minute; each pass more takes ~15 s
+# from them. The CPU plateaus peaked at epoch 2 (AVX2 folder) and 11 (AVX512-BF16, epoch 4 10 points below it):
+# this W* may sit short of its plateau, which favours arm B; docs/gpu.md says how to read part B for that.
 # rl_seconds caps each arm's seconds, `fit_rl` gives them what the other phases leave; self_episodes: train
 # tasks W* may play in the self-imitation arm (for at most half of its seconds); timeout: a phase's where the
 # plan gives none
