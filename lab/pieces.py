@@ -8,8 +8,8 @@ finished piece.
 
 The result folder is committed, runs/ is not (weights never are), so the record must be enough on a
 machine that never ran the piece: an evaluation's transcripts are archived in the folder (xz) and restored
-from it; a piece whose model a later piece needs is built again, and its new record says `rebuilt` and
-whether it made the same weights. CPU seconds buy different work on each CPU kind, so a folder holds one
+from it, and a training piece's logs are kept in train/NAME/ (`keep_logs`); a piece whose model a later
+piece needs is built again, and its new record says `rebuilt` and whether it made the same weights. CPU seconds buy different work on each CPU kind, so a folder holds one
 kind's pieces (`other_machine`).
 Tests: python -m pytest tests/test_protocol.py
 """
@@ -42,7 +42,10 @@ class Pieces:
         machine that ran it. A reused evaluation gets its transcripts back from the folder's archive."""
         path = self.runs / name / "piece.json"
         if path.exists():
-            return json.loads(path.read_text())
+            record = json.loads(path.read_text())
+            if record["kind"] != "eval" and not (self.results / "train" / name).exists():
+                keep_logs(self.runs / name, self.results / "train" / name)  # a piece finished before logs were kept
+            return record
         record = self.recorded(name) if reuse else None
         if record is not None and record["kind"] == "eval" and (self.results / "evals" / name).exists():
             restore(self.results / "evals" / name, self.runs / name)
@@ -82,6 +85,8 @@ class Pieces:
         (out / "piece.json").write_text(json.dumps(record, indent=1) + "\n")
         if kind == "eval":
             archive(out, self.results / "evals" / name)
+        else:
+            keep_logs(out, self.results / "train" / name)
         with open(self.results / "pieces.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         return record
@@ -146,6 +151,19 @@ def archive(out: Path, dest: Path) -> None:
     (dest / "transcripts.jsonl.xz").write_bytes(lzma.compress((out / "transcripts.jsonl").read_bytes()))
     for name in ("results.json", "piece.json"):
         if (out / name).exists():
+            shutil.copyfile(out / name, dest / name)
+
+
+LOGS = ("config.json", "metrics.jsonl", "warmstart.jsonl", "provenance.jsonl")
+
+
+def keep_logs(out: Path, dest: Path) -> None:
+    """A training piece's logs into the result folder (train/NAME/, a few kB to 40 kB): what each step did
+    (an RL arm's skipped rows: how many of its episodes carried a signal; an imitation run's losses) stays
+    readable once runs/ is gone. Weights never."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in LOGS:
+        if (out / name).exists() and (out / name).stat().st_size:  # an imitation run's metrics.jsonl is empty
             shutil.copyfile(out / name, dest / name)
 
 

@@ -303,6 +303,19 @@ def protocol_goals(records: list[tuple[str, list[dict]]], goals: list[tuple[str,
     return lines
 
 
+def trained_on(results: Path, rec: dict) -> str:
+    """The distinct episodes an arm's gradient saw: an imitation arm's demonstrations (or wins), an RL arm's
+    episodes with a non-zero advantage, from its kept metrics.jsonl (`skipped`: the share of episodes whose
+    zero advantage skipped them, mostly those of constant groups); blank where the logs are not in the folder."""
+    if rec.get("kind") != "rl":
+        return str(rec.get("demonstrations", ""))
+    path = results / "train" / rec["piece"] / "metrics.jsonl"
+    if not path.exists():
+        return ""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return f"{sum((1 - r.get('skipped', 0.0)) * r.get('episodes', 0) for r in rows):.0f}"
+
+
 def protocol_summary(results: Path, evals: list[tuple[str, Path]], arms: dict, refusals: tuple[str, ...],
                      goals: list[tuple[str, str, float | None]] = ()) -> str:
     """A finite-demonstrations protocol's summary.md (lab/protocol.py): each model's test figures (success,
@@ -331,17 +344,20 @@ def protocol_summary(results: Path, evals: list[tuple[str, Path]], arms: dict, r
                      f"{sum(all(s) for s in by_task.values())} |")
     if goals:
         lines += protocol_goals(records, list(goals))
-    lines += ["", "| arm | CPU s (all processes) | budgeted CPU s | wall s | episodes played | per hour (wall) |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| arm | CPU s (all processes) | budgeted CPU s | wall s | episodes played | per hour (wall) | "
+              "distinct episodes trained on |", "|---|---|---|---|---|---|---|"]
     kinds = {rec.get("machine") for rec in arms.values() if rec is not None}
     for name, rec in arms.items():
         if rec is None:
             continue
         played = rec.get("episodes_played") or rec.get("played") or 0
         lines.append(f"| {name} | {rec['cpu_s']:.0f} | {rec.get('budget_cpu_s', 0):.0f} | {rec['wall_s']:.0f} | "
-                     f"{played} | {3600 * played / max(rec['wall_s'], 1e-9):.0f} |")
+                     f"{played} | {3600 * played / max(rec['wall_s'], 1e-9):.0f} | {trained_on(results, rec)} |")
     lines += ["", f"Machine: {' / '.join(sorted(map(str, kinds)))}" + (
         "  \nNOTE: the arms ran on different CPU kinds; their CPU seconds are not comparable." if len(kinds) > 1 else "")]
     lines += ["", "Episodes played: RL's rollouts; imitation: the expert's replays of the finite set (the same "
-              "demonstrations, not new ones); self-imitation: W*'s own play, whose successes it imitates."]
+              "demonstrations, not new ones); self-imitation: W*'s own play, whose successes it imitates. "
+              "Trained on: RL's episodes with a non-zero advantage (a group whose rewards are all equal has none: "
+              "its rows are skipped), from train/arm-rl/metrics.jsonl; imitation's demonstrations and "
+              "self-imitation's wins, each seen over several passes."]
     return "\n".join(lines) + "\n"

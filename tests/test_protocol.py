@@ -98,6 +98,16 @@ def test_every_piece_runs_and_the_result_folder_holds_what_each_measured(smoke):
     assert "never solved" in summary and "Paired differences" in (results / "test" / "tables.md").read_text()
     goals = [line for line in summary.splitlines() if line.startswith("| W* + RL (A) - ")]
     assert len(goals) == 3 and goals[0].endswith(("| met |", "| not met |")) and goals[2].endswith("| reported |")
+    # each training piece's logs stay in the folder; the arms' table says what each gradient saw
+    for name in ("epoch-1", "arm-rl", "arm-imitation", "arm-self"):
+        assert (results / "train" / name / "config.json").exists()
+    rl = [json.loads(line) for line in (results / "train" / "arm-rl" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rl) == arms["arm-rl"]["steps"]
+    rows = {line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ") for line in summary.splitlines()
+            if line.startswith(("| rl |", "| imitation |", "| self |"))}
+    assert rows["imitation"][-1] == str(arms["arm-imitation"]["demonstrations"])
+    assert rows["self"][-1] == str(arms["arm-self"]["demonstrations"])
+    assert float(rows["rl"][-1]) == round(sum((1 - r["skipped"]) * r["episodes"] for r in rl))
     status = run(*smoke[1], "--status", timeout=120)
     assert status.returncode == 0 and " to run " not in status.stdout and "plateau: decided" in status.stdout
     assert "left: about 0.0 h" in status.stdout, status.stdout
@@ -172,3 +182,21 @@ def test_a_folder_from_another_cpu_kind_is_refused_before_start_up(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "Some CPU" in proc.stderr and f"--results {results}-" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_piece_finished_before_logs_were_kept_has_them_copied_when_next_read(tmp_path):
+    """A folder whose training pieces ran before keep_logs existed gets their logs from this machine's runs/
+    on the next rerun (an evaluation's record is untouched; a piece without files here stays as it is)."""
+    from lab.pieces import Pieces
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    (runs / "arm-rl").mkdir(parents=True)
+    results.mkdir()
+    (runs / "arm-rl" / "piece.json").write_text(json.dumps({"piece": "arm-rl", "kind": "rl"}))
+    (runs / "arm-rl" / "metrics.jsonl").write_text('{"step": 0, "skipped": 0.25, "episodes": 32}\n')
+    (runs / "arm-rl" / "model.safetensors").write_bytes(b"weights")
+    pieces = Pieces(runs, results)
+    assert pieces.done("arm-rl")["kind"] == "rl"
+    kept = results / "train" / "arm-rl"
+    assert (kept / "metrics.jsonl").read_text() == (runs / "arm-rl" / "metrics.jsonl").read_text()
+    assert not (kept / "model.safetensors").exists()  # never weights
+    assert pieces.done("arm-self") is None and not (results / "train" / "arm-self").exists()
