@@ -9,8 +9,8 @@ finished piece.
 The result folder is committed, runs/ is not (weights never are), so the record must be enough on a
 machine that never ran the piece: an evaluation's transcripts are archived in the folder (xz) and restored
 from it, and a training piece's logs are kept in train/NAME/ (`keep_logs`); a piece whose model a later
-piece needs is built again, and its new record says `rebuilt` and whether it made the same weights. CPU seconds buy different work on each CPU kind, so a folder holds one
-kind's pieces (`other_machine`).
+piece needs is built again, and its new record says `rebuilt` and whether it made the same weights. CPU
+seconds buy different work on each CPU kind, so a folder holds one kind's pieces (`other_machine`).
 Tests: python -m pytest tests/test_protocol.py
 """
 from __future__ import annotations

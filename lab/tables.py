@@ -309,11 +309,8 @@ def trained_on(results: Path, rec: dict) -> str:
     zero advantage skipped them, mostly those of constant groups); blank where the logs are not in the folder."""
     if rec.get("kind") != "rl":
         return str(rec.get("demonstrations", ""))
-    path = results / "train" / rec["piece"] / "metrics.jsonl"
-    if not path.exists():
-        return ""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return f"{sum((1 - r.get('skipped', 0.0)) * r.get('episodes', 0) for r in rows):.0f}"
+    rows = _jsonl(results / "train" / rec["piece"] / "metrics.jsonl")
+    return f"{sum((1 - r.get('skipped', 0.0)) * r.get('episodes', 0) for r in rows):.0f}" if rows else ""
 
 
 def protocol_summary(results: Path, evals: list[tuple[str, Path]], arms: dict, refusals: tuple[str, ...],
