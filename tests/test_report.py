@@ -382,6 +382,18 @@ def test_seeds_table_lists_each_seed_and_their_mean(run_dir, evals, tmp_path):
     assert "| b |" not in proc.stdout.split("## The RL runs")[1]  # b was published without its run
 
 
+def test_seeds_table_names_folders_of_one_name_by_their_parent(run_dir, evals, tmp_path):
+    """A protocol's seeds are each one `test/` folder (results/protocol-...-seedN/test): the table names them by
+    their parent, or its columns could not be told apart."""
+    a, b = tmp_path / "seed0" / "test", tmp_path / "seed1" / "test"
+    RS.publish(None, a, evals)
+    RS.publish(None, b, evals)
+    table = T.seeds_table([a, b], resamples=200)
+    assert table.splitlines()[0] == "# 2 seeds: seed0/test, seed1/test"
+    (header,) = [line for line in table.splitlines() if line.startswith("| turns |")][:1]
+    assert "| seed0/test | seed1/test |" in header
+
+
 def test_refresh_makes_a_folders_action_counts_again_from_its_transcripts(tmp_path):
     """SciWorld's refusals ("No known action matches that input.") counted from a published folder's
     transcripts-all.jsonl.xz: its action mix comes out byte for byte as published, the refusal counts as
