@@ -105,7 +105,8 @@ def setup(argv) -> Run:
               schedulers=schedulers, engine=engine, env_pool=env_pool, make_env=make_env,
               threads=ThreadPoolExecutor(max_workers=max(1, min(cfg.env_workers, per_rank))),
               chat=chat, tokenizer=tokenizer, train_ids=train_ids, val_ids=val_ids,
-              start=start, log=RunLog(out, cfg.steps, start, d.schedule) if rank == 0 else None)
+              start=start, log=RunLog(out, cfg.steps, start, d.schedule,
+                                       (cfg.rl_seconds, cfg.budget_clock)) if rank == 0 else None)
     ground = playground(run)
     if cfg.bc_episodes and not resume_from and not origin.warm_done:
         warm_start(run, ground, origin.warm_dir)

@@ -202,7 +202,7 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * batch["mask"] if run.kl_in_reward else None
     adv, returns = global_advantages(cfg, d, batch, values, token_kl)
     adv = run.studies.advantages(adv)
-    out_of_time, last, saves = step_end(run, step, clock0)
+    out_of_time, last, saves, used = step_end(run, step, clock0)
     extra, stepped = run.studies.observe(step, tasks, mine, batch["rewards"], saves)
     log_episodes(run.out, step, cfg, episodes, batch, adv, run.tokenizer, run.env_pool)  # a few, at eval steps
     # (4) the update: epochs x mini-batches x micro-batches, every loss over the global token count
@@ -218,6 +218,8 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     run.spent += budget.now(cfg.budget_clock) - clock0
     timing.update({"time/step": time.perf_counter() - t0, "time/cpu_step": time.process_time() - cpu0})
     metrics = {**rollout_metrics(episodes, horizon), **first, **extra, **batch.get("metrics", {})}
+    if used is not None:
+        metrics["budget/used"] = used
     log_step(run, step, metrics, stats, timing, last)
     if saves:
         save(run, step)
@@ -231,15 +233,17 @@ def trim(cfg, timing: dict) -> None:
         timing["time/trim"] = timing.get("time/trim", 0.0) + trim_heap()
 
 
-def step_end(run: Run, step: int, clock0: float) -> tuple[bool, bool, bool]:
-    """(out of time, last step, saves). Out of time: --rl-seconds spent by the run's training steps, this one's
-    so far included, on --budget-clock; one verdict over all ranks (infra/budget.py), so every rank ends (and
-    saves) at the same step. The last step, and every --save-every steps, save a checkpoint."""
+def step_end(run: Run, step: int, clock0: float) -> tuple[bool, bool, bool, float | None]:
+    """(out of time, last step, saves, budget used). Out of time: --rl-seconds spent by the run's training
+    steps, this one's so far included, on --budget-clock; one verdict over all ranks (infra/budget.py), so
+    every rank ends (and saves) at the same step. The last step, and every --save-every steps, save a
+    checkpoint. Budget used: that combined figure (None without --rl-seconds)."""
     cfg = run.cfg
-    out_of_time = bool(cfg.rl_seconds) and budget.combined(
-        cfg.budget_clock, run.spent + budget.now(cfg.budget_clock) - clock0, all_sum, all_max) >= cfg.rl_seconds
+    used = budget.combined(cfg.budget_clock, run.spent + budget.now(cfg.budget_clock) - clock0,
+                           all_sum, all_max) if cfg.rl_seconds else None
+    out_of_time = used is not None and used >= cfg.rl_seconds
     last = step + 1 == cfg.steps or out_of_time
-    return out_of_time, last, last or bool(cfg.save_every and (step + 1) % cfg.save_every == 0)
+    return out_of_time, last, last or bool(cfg.save_every and (step + 1) % cfg.save_every == 0), used
 
 
 def score_batch(run: Run, batch: dict):

@@ -136,7 +136,7 @@ def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes
             optimizer.zero_grad(set_to_none=True)
             losses.append(mean_nll)
             if progress:
-                progress(len(losses), n_steps * epochs, mean_nll)
+                progress(len(losses), n_steps * epochs, mean_nll, spent if seconds else None)
     return losses
 
 
@@ -231,9 +231,13 @@ def run(ground: Playground, policy, ref, warm_dir: Path) -> None:
     optimizer = torch.optim.AdamW(trained, lr=cfg.bc_lr, weight_decay=cfg.weight_decay)
     log = []  # warmstart.jsonl: the warm start's own metrics (a control run has no RL step to log)
 
-    def progress(k: int, total: int, nll: float) -> None:
+    def progress(k: int, total: int, nll: float, spent: float | None) -> None:
         log.append({"step": k, "nll": nll, "time": time.perf_counter() - t})
-        print0(f"  warm-start step {k}/{total}: NLL {nll:.3f} per token")
+        # under --bc-seconds the epochs are a ceiling that is never reached (the protocol's arm B sets
+        # millions of steps): the seconds left are what the reader waits on, so show those instead
+        of = (f": NLL {nll:.3f} per token (imitation: {spent:,.1f} of {left:,.1f} {cfg.budget_clock} s used)"
+              if spent is not None else f"/{total}: NLL {nll:.3f} per token")
+        print0(f"  warm-start step {k}{of}")
         if cfg.trim_heap:  # each step's freed heap back to the system (--trim-heap; train.py trims its steps too)
             trim_heap()
     # --bc-seconds counts from the start of the warm start (demonstrations played included), as RL's steps

@@ -256,7 +256,8 @@ class RunLog:
     """Rank 0's record of a run in `out`: each step's row of metrics.jsonl, the same numbers to the trackers
     that config.json's report_to names (startup.py writes config.json first), the progress bar."""
 
-    def __init__(self, out: str | Path, total_steps: int, start_step: int, schedule):
+    def __init__(self, out: str | Path, total_steps: int, start_step: int, schedule,
+                 budget: tuple[float, str] = (0.0, "wall")):
         from tqdm import tqdm
 
         self.out = Path(out)
@@ -265,16 +266,26 @@ class RunLog:
         note_provenance(self.out)
         config = json.loads((self.out / "config.json").read_text()) if (self.out / "config.json").exists() else {}
         self.trackers = Trackers(chosen(config.get("report_to", "none")), self.out, config, start_step)
-        self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        # Under --rl-seconds the bar counts the budget's seconds, not steps: `--steps 100000 --rl-seconds 3600`
+        # would otherwise show 0% and a thousand-hour ETA. Its ETA is in wall time either way (tqdm's rate is
+        # per wall second), which is what a user waiting on a CPU-seconds budget wants to read.
+        self.seconds, clock = budget
+        self.bar = (tqdm(total=max(1, round(self.seconds)), desc=f"train ({clock} s of --rl-seconds)", unit="s",
+                         dynamic_ncols=True) if self.seconds else
+                    tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True))
 
     def log(self, step: int, metrics: dict) -> None:
         row = {"step": step, **{k: round(v, 6) if isinstance(v, float) else v for k, v in metrics.items()}}
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         self.trackers.log(step, row)  # the numbers of metrics.jsonl, as rounded there
-        self.bar.set_postfix(reward=f"{metrics['reward']:.3f}", success=f"{metrics['success']:.2f}",
-                             turns=f"{metrics['turns']:.1f}", horizon=metrics["horizon"])
-        self.bar.update(1)
+        self.bar.set_postfix(**({"step": step + 1} if self.seconds else {}), reward=f"{metrics['reward']:.3f}",
+                             success=f"{metrics['success']:.2f}", turns=f"{metrics['turns']:.1f}",
+                             horizon=metrics["horizon"], refresh=False)
+        if self.seconds:  # --rl-seconds: the budget used so far (the last step may run over it)
+            self.bar.update(max(0, min(round(metrics.get("budget/used", self.bar.n)), self.bar.total) - self.bar.n))
+        else:
+            self.bar.update(1)
 
     def close(self) -> None:
         self.bar.close()

@@ -282,3 +282,8 @@ def test_rl_seconds_ends_the_run_with_a_saved_last_step(tmp_path, clock):
     assert [r["step"] for r in rows] == [0] and rows[0]["time/cpu_step"] > 0 and rows[0]["episodes"] == 4
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
     assert f"--rl-seconds 0.01 ({clock} clock)" in proc.stdout and "stopping after step 1" in proc.stdout
+    # the budget used, as the stop decided on it: at least the budget, and within the step's own seconds (all
+    # ranks' CPU seconds together; the slowest rank's wall seconds); the bar counts it, not the 50 steps
+    whole = rows[0]["time/cpu_step"] * 2 if clock == "cpu" else rows[0]["time/step"]
+    assert 0.01 <= rows[0]["budget/used"] <= whole * 1.5 + 0.05
+    assert f"train ({clock} s of --rl-seconds)" in proc.stderr and "/50 [" not in proc.stderr

@@ -70,6 +70,16 @@ def test_bc_seconds_ends_imitation_early_at_the_same_step_on_every_rank(chat):
     full = warmstart.clone(model, optimizer, eps, 1, 1, 4096, 0, 0, same, lambda x: x, 1, seconds=0.0)
     assert len(full) == len(eps) and all(0 < nll < 20 for nll in full)
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    # what the progress line gets: under a budget the seconds used before each step (growing), else None
+    seen = []
+    warmstart.clone(model, optimizer, eps, 2, 1, 4096, 0, 0, same, lambda x: x, 1, seconds=1e9, clock="cpu",
+                    progress=lambda k, total, nll, used: seen.append((k, total, used)))
+    assert [(k, total) for k, total, _ in seen] == [(k, 2 * len(eps)) for k in range(1, 2 * len(eps) + 1)]
+    assert all(b[2] > a[2] >= 0 for a, b in zip(seen, seen[1:]))
+    seen.clear()
+    warmstart.clone(model, optimizer, eps, 1, 1, 4096, 0, 0, same, lambda x: x, 1,
+                    progress=lambda k, total, nll, used: seen.append(used))
+    assert seen == [None] * len(eps)
 
 
 def test_imitation_only_run_continues_a_warm_start_within_its_time_budget(tmp_path):
