@@ -283,7 +283,7 @@ class RunLog:
                              success=f"{metrics['success']:.2f}", turns=f"{metrics['turns']:.1f}",
                              horizon=metrics["horizon"], refresh=False)
         if self.seconds:  # --rl-seconds: the budget used so far (the last step may run over it)
-            self.bar.update(max(0, min(round(metrics.get("budget/used", self.bar.n)), self.bar.total) - self.bar.n))
+            self.bar.update(max(0, min(round(metrics["budget/used"]), self.bar.total) - self.bar.n))
         else:
             self.bar.update(1)
 
