@@ -94,6 +94,17 @@ def test_paired_evaluations_on_the_same_tasks_only():
     assert "| 10 | b | a | 3 | +33.3 [+0.0, +50.0] | +0.333 [+0.000, +0.500] |" in lines
 
 
+
+def test_transitions_tell_sharpening_from_extending():
+    def model(wins):  # {task: successes of 2 samples}
+        return [rec(t, "x", i, 8, float(i < w), i < w) for t, w in wins.items() for i in range(2)]
+    base = model({1: 0, 2: 1, 3: 2, 4: 1, 5: 0, 6: 2})
+    after = model({1: 1, 2: 2, 3: 0, 4: 0, 5: 0, 6: 1, 7: 2})  # task 7: not in the base, not counted
+    assert T.transitions(base, after) == {"tasks": 6, "up": 2, "from_none": 1, "down": 3, "to_none": 2, "same": 1}
+    assert T.transitions(base, base)["same"] == 6
+    lines = T.transitions_table([("W", base), ("A", after)])
+    assert "| A | 6 | 2 | 1 | 3 | 2 | 1 |" in lines and "## Task by task from W" in lines
+
 # SciWorld-like outcomes, 3 tasks x 2 samples: a score with partial credit, -1 for a failure, 1 a success
 SCORED = {"before": [(1, -1.0, False), (1, 0.5, False), (2, 1.0, True), (2, 0.0, False), (3, -1.0, False), (3, -1.0, False)],
           "after": [(1, 0.25, False), (1, 0.25, False), (2, 0.0, False), (2, 0.5, False), (3, 0.0, False), (3, 1.0, True)]}
