@@ -306,13 +306,12 @@ def protocol_goals(records: list[tuple[str, list[dict]]], goals: list[tuple[str,
 
 
 def transitions(before: list[dict], after: list[dict]) -> dict:
-    """Task by task, how a model's successes moved from `before` to `after` (records of the same tasks, k
-    samples each): tasks whose count of successes rose (`up`; `from_none`: of those, never solved before),
+    """Task by task, how a model's successes moved from `before` to `after` (records of the tasks both
+    played): tasks whose success rate rose (`up`; `from_none`: of those, never solved before),
     fell (`down`; `to_none`: solved before, never after), or stayed (`same`). It tells sharpening (tasks
     sometimes solved becoming always solved) from extending (tasks never solved becoming solved)."""
-    count = lambda recs: Counter(r["task_id"] for r in recs if r["success"])  # noqa: E731
-    b, a = count(before), count(after)
-    tasks = sorted({r["task_id"] for r in before} & {r["task_id"] for r in after})
+    b, a = task_means(before), task_means(after)  # each task's success rate: counts, when k is the same
+    tasks = b.keys() & a.keys()
     out = {"tasks": len(tasks), "up": 0, "from_none": 0, "down": 0, "to_none": 0, "same": 0}
     for t in tasks:
         if a[t] > b[t]:
