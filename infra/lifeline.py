@@ -35,6 +35,7 @@ from infra.envcalls import abandoned
 
 GB = 2**30
 BEAT = 1.0  # seconds between heartbeats and peer checks
+GRACE = 2.0  # seconds a rank exiting on an error waits for a peer that may be dying (stop())
 _STATE = {"rank": None, "dir": None, "said": False, "note": None}
 # The watcher thread and the main thread's exit (atexit, SIGTERM) may both find the dead peer at once. The
 # line is written under this lock, so whichever finds the flag set waits for the other's line to be out:
@@ -67,7 +68,7 @@ def start(rank: int, note: str | None = None, plan: float | None = None, share: 
         return
     _STATE["dir"].mkdir(parents=True, exist_ok=True)
     beat()
-    atexit.register(stop)  # after a traceback: the cause if a peer died, and silence about this rank
+    atexit.register(stop, GRACE)  # after a traceback: the cause if a peer died, and silence about this rank
     threading.Thread(target=_watch, name="lifeline", daemon=True).start()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_term)
@@ -78,14 +79,20 @@ def planned() -> float | None:
     return _STATE.get("plan")
 
 
-def stop() -> None:
+def stop(grace: float = 0.0) -> None:
     """This rank is ending: if a peer died first (a collective then failed here), say so as the last line;
-    then mark this rank's heartbeat as stopped, so that its peers stay quiet about it."""
+    then mark this rank's heartbeat as stopped, so that its peers stay quiet about it. At exit (`grace`
+    seconds) a peer still running and not stopping is waited for: a SIGKILLed peer's sockets close (and the
+    collective here fails) a moment before the kernel has finished with its process, and a rank that looked
+    once in that moment found it alive and left without a word (seen once in 700 CI runs, under load)."""
     if _STATE["dir"] is not None and not _STATE.get("stopped"):
-        if dead := _dead_peer():
+        until = time.monotonic() + grace
+        while not (dead := _dead_peer()) and time.monotonic() < until and _running_peer():
+            time.sleep(0.05)
+        if dead:
             _say_once(cause(dead))
         with _SAYING:  # a line the watcher is writing now is finished before this rank goes on to exit
-            _STATE["stopped"] = _STATE["said"] = True
+            _STATE["stopped"] = True  # the watcher stays quiet from here; a SIGTERM may still say (_on_term)
         beat()
 
 
@@ -183,6 +190,11 @@ def _dead_peer() -> dict | None:
     return None
 
 
+def _running_peer() -> bool:
+    """Whether a peer is alive and has not marked itself stopped (it may be dying this instant)."""
+    return any(r["rank"] != _STATE["rank"] and not r.get("stopped") and alive(r["pid"]) for r in beats(_STATE["dir"]))
+
+
 def _say_once(line: str) -> None:
     """Print the line once per process; on return it has been written, by this call or by an earlier one."""
     with _SAYING:
@@ -194,9 +206,12 @@ def _say_once(line: str) -> None:
 def _watch() -> None:
     while not _STATE.get("stopped"):
         time.sleep(BEAT)
-        beat()
-        if not _STATE["said"] and (dead := _dead_peer()):
-            _say_once(cause(dead))
+        with _SAYING:  # stop() marks the rank stopped under the lock: after it, not a beat nor a line more
+            if _STATE.get("stopped"):
+                return
+            beat()
+            if not _STATE["said"] and (dead := _dead_peer()):
+                _say_once(cause(dead))
 
 
 def _on_term(signum, frame) -> None:

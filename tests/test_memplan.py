@@ -210,6 +210,39 @@ def test_the_survivors_line_is_out_before_either_thread_goes_on(monkeypatch):
     assert slow.text.count("error: rank 1") == 1
 
 
+def _peer(tmp_path, monkeypatch, seconds: float):
+    """This process as rank 0 of a lifeline directory whose rank 1 is a child process living `seconds`."""
+    child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+    (tmp_path / "rank1.json").write_text(json.dumps({"rank": 1, "pid": child.pid, "rss": GB, "peak": GB,
+                                                     "plan": None, "share": None, "stopped": False}))
+    for key, value in {"dir": tmp_path, "rank": 0, "said": False, "stopped": False}.items():
+        monkeypatch.setitem(lifeline._STATE, key, value)
+    return child
+
+
+def test_a_rank_exiting_on_an_error_waits_for_a_peer_that_is_dying(tmp_path, monkeypatch, capsys):
+    """A killed peer's sockets close a moment before its process is gone: the collective here fails and this
+    rank reaches its exit while the peer still looks alive. The exit waits for it, and names it."""
+    child = _peer(tmp_path, monkeypatch, 1.0)
+    lifeline.stop(grace=10)
+    child.wait()
+    assert f"[rank 0] error: rank 1 (pid {child.pid}) died" in capsys.readouterr().err
+    assert json.loads((tmp_path / "rank0.json").read_text())["stopped"]
+
+
+def test_a_sigterm_after_a_quiet_exit_still_names_the_dead_peer(tmp_path, monkeypatch, capsys):
+    """A rank that found every peer alive at its exit stays stopped, not silenced: torchrun's SIGTERM,
+    sent once it has reaped the dead peer, still says which peer died."""
+    child = _peer(tmp_path, monkeypatch, 60)
+    lifeline.stop()
+    assert "error: rank 1" not in capsys.readouterr().err
+    child.kill()
+    child.wait()
+    with pytest.raises(SystemExit):
+        lifeline._on_term(15, None)
+    assert f"[rank 0] error: rank 1 (pid {child.pid}) died" in capsys.readouterr().err
+
+
 def test_cause_reads_like_a_diagnosis():
     record = {"rank": 3, "pid": 2**22 + 7, "rss": 13.3 * GB, "peak": 13.4 * GB, "plan": 5.2 * GB, "share": 11.0 * GB}
     line = lifeline.cause(record, 9)
