@@ -84,7 +84,7 @@ def stop(grace: float = 0.0) -> None:
     then mark this rank's heartbeat as stopped, so that its peers stay quiet about it. At exit (`grace`
     seconds) a peer still running and not stopping is waited for: a SIGKILLed peer's sockets close (and the
     collective here fails) a moment before the kernel has finished with its process, and a rank that looked
-    once in that moment found it alive and left without a word (seen once in 700 CI runs, under load)."""
+    once in that moment found it alive and left without a word (seen on a loaded machine)."""
     if _STATE["dir"] is not None and not _STATE.get("stopped"):
         until = time.monotonic() + grace
         while not (dead := _dead_peer()) and time.monotonic() < until and _running_peer():
