@@ -53,13 +53,16 @@ class _Refuse(http.server.BaseHTTPRequestHandler):
 
     def _refuse(self):
         body = _REFUSED.format(url=html.escape(self.path[:300])).encode()
-        self.send_response(403)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command not in ("HEAD", "CONNECT"):  # Chrome shows its own error page for a refused tunnel
-            self.wfile.write(body)
+        try:
+            self.send_response(403)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command not in ("HEAD", "CONNECT"):  # Chrome shows its own error page for a refused tunnel
+                self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the browser dropped the request (a page closed
+            pass  # mid-load): nothing to tell it, and socketserver would print a traceback for it
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = do_CONNECT = _refuse
 

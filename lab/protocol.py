@@ -36,7 +36,8 @@ record in results/protocol-ENV-seedS/pieces.jsonl (small files, never weights), 
 loses at most one piece. A rerun skips finished pieces and resumes a crashed RL piece (arm A or a screened
 setting) from its checkpoint with the CPU seconds it had left (a crashed imitation arm or epoch starts
 again; evaluate.py resumes itself); on a machine with an empty runs/ it builds again only the models an
-unfinished piece starts from.
+unfinished piece starts from. A started folder keeps the settings its protocol.json records (a flag or code
+that contradicts them is refused: recorded_scale, recorded_code).
 Test: python -m pytest tests/test_protocol.py
 """
 from __future__ import annotations
@@ -76,11 +77,12 @@ class Scale:
     model: str = "smollm2"
     train_extra: tuple = ()      # more train.py flags (the smoke scale's engine and sizes)
     eval_extra: tuple = ()       # more evaluate.py flags
+    name: str = "full"           # the preset these sizes began from (SCALES), flags on top of it
 
 
 SCALES = {
     "full": Scale(),
-    "smoke": Scale(demo_tasks=6, val_tasks=2, patience=1, max_epochs=2, screen_cpu=2.0, arm_cpu=2.0,
+    "smoke": Scale(name="smoke", demo_tasks=6, val_tasks=2, patience=1, max_epochs=2, screen_cpu=2.0, arm_cpu=2.0,
                    self_episodes=4, test_split="test", test_tasks=2, model="tiny",
                    train_extra=("--engine", "hf", "--train-layers", "0", "--micro-tokens", "4096", "--tasks-per-step",
                                 "2", "--samples-per-task", "2", "--max-tokens", "8"),
@@ -255,11 +257,14 @@ class Protocol:
             str(self.wstar()), self.runs / f"arm-{slug}", seed, epochs=100_000, seconds=self.scale.arm_cpu, **kw),
             "imitation", reuse=self.pieces.recorded(f"test-{slug}") is not None)
 
+    def settings(self) -> dict:
+        """What protocol.json records: every setting a piece of this folder ran under."""
+        return {"env": self.env, "seed": self.seed, "demo_seed": self.demo_seed, "scale": asdict(self.scale),
+                "recipe": self.recipe, "turns": self.turns, "screen": self.screen, "rule": RULE}
+
     def main(self) -> Path:
         self.results.mkdir(parents=True, exist_ok=True)
-        (self.results / "protocol.json").write_text(json.dumps(
-            {"env": self.env, "seed": self.seed, "demo_seed": self.demo_seed, "scale": asdict(self.scale),
-             "recipe": self.recipe, "turns": self.turns, "screen": self.screen, "rule": RULE}, indent=1) + "\n")
+        (self.results / "protocol.json").write_text(json.dumps(self.settings(), indent=1) + "\n")
         self.demos()
         self.plateau()
         setting = self.screened()
@@ -367,6 +372,50 @@ def rl_cpu_spent(out: Path, world: int) -> float:
     return sum(r.get("time/cpu_step", 0.0) * world for s, r in rows.items() if s < steps)
 
 
+def recorded_scale(results: Path, requested: Scale, given: dict) -> Scale:
+    """The scale a run of `results` uses. A folder that has started (its protocol.json) keeps the scale it
+    recorded, whatever the presets say now: its pieces were measured under it, and a rerun that changed
+    the patience or an arm's seconds would mix two protocols in one table. `given` holds the flags on the
+    command line (with `scale`, the preset's name, when named); one that contradicts the folder is a
+    ValueError naming both values."""
+    path = results / "protocol.json"
+    if not path.exists():
+        return requested
+    fields = asdict(requested)
+    kept = {k: tuple(v) if isinstance(v, list) else v
+            for k, v in json.loads(path.read_text())["scale"].items() if k in fields}
+    if "name" not in kept:  # a folder from before presets were named: the preset it equals, if any
+        kept["name"] = next((n for n, sc in SCALES.items() if all(asdict(sc)[k] == v for k, v in kept.items())), None)
+    folder = replace(requested, **kept)
+    wanted = {("name" if k == "scale" else k): v for k, v in given.items()}
+    clash = [k for k, v in wanted.items() if k in fields and getattr(folder, k) != v]
+    if clash:
+        flag = lambda k: "--scale" if k == "name" else f"--{k.replace('_', '-')}"  # noqa: E731
+        said = ", ".join(f"{flag(k)} {getattr(folder, k)!s} (asked: {wanted[k]!s})" for k in clash[:3])
+        raise ValueError(f"{results} ran with {said}{' and more' if len(clash) > 3 else ''}; a started folder keeps "
+                         f"its settings: drop those flags to resume it, or pass --results to start another folder")
+    return folder
+
+
+def recorded_code(proto: Protocol) -> str | None:
+    """A folder started under other settings (env, seed, recipe, turns, screen, rule, demonstration seed) than
+    this command and code give: one line naming them, since resuming it would mix the two; None when they
+    agree or the folder is new."""
+    path = proto.results / "protocol.json"
+    if not path.exists():
+        return None
+    before, now = json.loads(path.read_text()), json.loads(json.dumps(proto.settings()))
+    differ = [k for k in ("env", "seed", "recipe", "turns", "screen", "rule", "demo_seed")
+              if k in before and before[k] != now[k]]
+    if not differ:
+        return None
+    if {"env", "seed"} & set(differ):
+        return (f"{proto.results} holds {before['env']} seed {before['seed']}, not {proto.env} seed {proto.seed}: "
+                f"pass --env {before['env']} --seed {before['seed']}, or another --results")
+    return (f"{proto.results} was started under another {', '.join(differ)} than this code's: resume it with the "
+            f"code that started it (git log -- {path}), or pass --results to start another folder")
+
+
 def check(args) -> str | None:
     """A broken protocol command: one line, before anything starts."""
     s = args.scale
@@ -400,7 +449,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="The finite-demonstrations protocol (lab/protocol.py's docstring).")
     p.add_argument("--env", default="babyai")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--scale", default="full", choices=sorted(SCALES))
+    p.add_argument("--scale", default=None, choices=sorted(SCALES), help="the sizes' preset (default full)")
     for name in ("demo_tasks", "patience", "max_epochs", "val_tasks", "test_tasks", "self_episodes"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
     for name in ("arm_cpu", "screen_cpu", "self_play_share"):
@@ -411,16 +460,24 @@ def main(argv=None) -> None:
     p.add_argument("--plan", action="store_true", help="print the settings and stop")
     p.add_argument("--status", action="store_true", help="print each piece's state and the time left; run nothing")
     args = p.parse_args(argv)
-    scale = SCALES[args.scale]
-    scale = replace(scale, **{k: v for k, v in vars(args).items() if k in asdict(scale) and v is not None})
-    args.scale = scale
+    scale = SCALES[args.scale or "full"]
+    given = {k: v for k, v in vars(args).items() if k in asdict(scale) and v is not None}
+    named, args.scale = args.scale, replace(scale, **given)
     if problem := check(args):
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
     fill = dict(env=args.env, seed=args.seed)
     os.chdir(ROOT)  # paths stay relative to the repository: the result folders name no machine's paths
-    proto = Protocol(args.env, args.seed, scale, Path(args.runs.format(**fill)), Path(args.results.format(**fill)),
-                     args.nproc)
+    results = Path(args.results.format(**fill))
+    try:  # a started folder keeps the scale it recorded (recorded_scale)
+        scale = recorded_scale(results, args.scale, {**given, **({"scale": named} if named else {})})
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2)
+    proto = Protocol(args.env, args.seed, scale, Path(args.runs.format(**fill)), results, args.nproc)
+    if problem := recorded_code(proto):
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     if args.plan:
         print(json.dumps({"scale": asdict(scale), "screen": proto.screen, "rule": RULE, "turns": proto.turns}, indent=1))
         return

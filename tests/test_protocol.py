@@ -184,6 +184,39 @@ def test_a_folder_from_another_cpu_kind_is_refused_before_start_up(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_started_folder_keeps_the_scale_and_settings_it_recorded(tmp_path):
+    """protocol.json governs a rerun: a default changed since keeps the folder's value, a flag against it is
+    one line before start-up, and so is code whose recipe differs from the one the folder started under."""
+    results = tmp_path / "results"
+    results.mkdir()
+    proto = protocol.Protocol("babyai", 0, protocol.SCALES["smoke"], tmp_path / "runs", results)
+    (results / "protocol.json").write_text(json.dumps(proto.settings()))
+    later = protocol.replace(protocol.SCALES["smoke"], patience=4)  # the smoke preset's patience, changed
+    assert protocol.recorded_scale(results, later, {}) == protocol.SCALES["smoke"]
+    assert protocol.recorded_scale(results, later, {"scale": "smoke"}).train_extra == protocol.SCALES["smoke"].train_extra
+    with pytest.raises(ValueError, match="ran with --patience 1 \\(asked: 4\\)"):
+        protocol.recorded_scale(results, later, {"patience": 4})
+    with pytest.raises(ValueError, match="--scale smoke \\(asked: full\\)"):
+        protocol.recorded_scale(results, protocol.SCALES["full"], {"scale": "full"})
+    unnamed = proto.settings()  # a folder recorded before presets were named: the preset it equals
+    del unnamed["scale"]["name"]
+    (results / "protocol.json").write_text(json.dumps(unnamed))
+    assert protocol.recorded_scale(results, later, {"scale": "smoke"}).name == "smoke"
+    with pytest.raises(ValueError, match="--scale smoke \\(asked: full\\)"):
+        protocol.recorded_scale(results, protocol.SCALES["full"], {"scale": "full"})
+    flags = ["--runs", str(tmp_path / "runs"), "--results", str(results)]
+    plan = run("--plan", *flags, timeout=120)  # no --scale: the folder's smoke scale, not the full default
+    assert plan.returncode == 0 and json.loads(plan.stdout)["scale"]["demo_tasks"] == 6, plan.stderr
+    proc = run("--patience", "3", *flags, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--patience 1 (asked: 3)" in proc.stderr
+    settings = proto.settings()
+    settings["recipe"] = {**settings["recipe"], "lr": 1.0}
+    (results / "protocol.json").write_text(json.dumps(settings))
+    proc = run("--scale", "smoke", *flags, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "another recipe than" in proc.stderr
+    assert not (tmp_path / "runs").exists()  # nothing started
+
+
 def test_a_piece_finished_before_logs_were_kept_has_them_copied_when_next_read(tmp_path):
     """A folder whose training pieces ran before keep_logs existed gets their logs from this machine's runs/
     on the next rerun (an evaluation's record is untouched; a piece without files here stays as it is)."""
