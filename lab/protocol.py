@@ -385,7 +385,8 @@ def recorded_scale(results: Path, requested: Scale, given: dict) -> Scale:
     kept = {k: tuple(v) if isinstance(v, list) else v
             for k, v in json.loads(path.read_text())["scale"].items() if k in fields}
     if "name" not in kept:  # a folder from before presets were named: the preset it equals, if any
-        kept["name"] = next((n for n, sc in SCALES.items() if all(asdict(sc)[k] == v for k, v in kept.items())), None)
+        if guess := next((n for n, sc in SCALES.items() if all(asdict(sc)[k] == v for k, v in kept.items())), None):
+            kept["name"] = guess
     folder = replace(requested, **kept)
     wanted = {("name" if k == "scale" else k): v for k, v in given.items()}
     clash = [k for k, v in wanted.items() if k in fields and getattr(folder, k) != v]
