@@ -11,9 +11,12 @@ never read). Estimators (AgentGym-RL trains with all four):
     gae                  PPO with a critic; TD errors and GAE run over policy tokens only
     gigpo                GRPO's episode term plus step groups of turns from one state (gigpo.py)
 
-`advantages` is the one entry point: the trainer gives it the whole step's rewards and groups (every
-rank's), its own rows' tokens, and cross-rank reductions for the batch whitening. The losses the
-advantages then feed (policy, value, KL) are in losses.py.
+One function per estimator, each taking a `Step` (the step's rewards and groups, already gathered over
+ranks, and this rank's token tensors) and the `Options`, returning (advantages, returns); `ESTIMATORS`
+is their table and `advantages(name, step, options)` the one entry point, which checks the inputs and
+looks the estimator up. Which rows are this rank's and how the whitening's statistics cross ranks is
+the `Step`'s (`mine`, `spread`, `whiten`), not the estimators'. The losses the advantages then feed
+(policy, value, KL) are in losses.py.
 
 Departures from the paper's code (verl-based) and from common implementations, each repeated in the
 docstring concerned:
@@ -40,12 +43,12 @@ Tests: python -m pytest tests/test_algorithms.py tests/test_gigpo.py
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
-import gigpo
+from gigpo import per_turn, step_groups
 # the losses too, under the names train.py and config.py read them by (A.policy_loss, algorithms.AGGREGATIONS)
 from losses import AGGREGATIONS, aggregate, kl_loss, kl_penalty, policy_loss, value_loss  # noqa: F401
 from losses import _float, _keep, masked_mean, masked_sum
@@ -91,9 +94,6 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
     return _keep(out, m).to(_float(x.dtype))
 
 
-ESTIMATORS = ("grpo", "rloo", "reinforce++", "reinforce++_baseline", "gae", "gigpo")
-
-
 @dataclass(frozen=True)
 class Algo:
     """What one --algo means to the trainer, read wherever the choice matters (never its name tested)."""
@@ -134,25 +134,6 @@ def terminal_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------- advantage estimators
 
-def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-row group mean, unbiased group std (0 for a group of one), group size, and whether the
-    row's group is constant (all rewards equal, or a group of one), each (B,), all float64 but the flag.
-
-    float64 because a float32 mean of equal rewards can be one rounding unit off, which made the std
-    about 1e-7 and (r - mean) / (std + eps) about 0.1 for an all-equal group. The constant flag
-    compares group max and min, so an all-equal group is recognised exactly whatever the dtype."""
-    _, inv, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    r = rewards.double()
-    n = counts.double()                                                            # (G,)
-    mean = torch.zeros_like(n).index_add_(0, inv, r) / n                           # (G,)
-    dev = r - mean[inv]                                                            # (B,)
-    ss = torch.zeros_like(n).index_add_(0, inv, dev * dev)                         # (G,)
-    std = torch.where(counts > 1, (ss / (n - 1).clamp(min=1)).sqrt(), torch.zeros_like(n))
-    hi = torch.full_like(n, -float("inf")).scatter_reduce(0, inv, r, "amax")
-    lo = torch.full_like(n, float("inf")).scatter_reduce(0, inv, r, "amin")
-    return mean[inv], std[inv], n[inv], (hi <= lo)[inv]
-
-
 def _gae_over_mask(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> Tensor:
     """GAE where time runs over policy tokens only.  For the policy tokens t_1 < ... < t_k of a row:
 
@@ -189,145 +170,192 @@ def _require_finite(name: str, x: Tensor, mask: Tensor | None = None) -> None:
                          "before computing advantages")
 
 
-def group_baseline(kind: str, rewards: Tensor, group_ids: Tensor, norm_by_std: bool = True,
-                   eps: float = 1e-6) -> Tensor:
-    """(B,) float64 per-episode advantage from group statistics; exactly 0 for a constant group.
+# ---------------------------------------------------------------- one step, as the estimators read it
 
-        grpo    (r_i - mean_g) / (std_g + eps)     (norm_by_std=False: r_i - mean_g, Dr. GRPO)
-        rloo    r_i - mean_{j != i} r_j = n/(n-1) (r_i - mean_g)
-        center  r_i - mean_g                       (the reinforce++_baseline centring)
-    """
-    mean, std, n, constant = _group_stats(rewards, group_ids)
-    centred = rewards.double() - mean
-    if kind == "grpo":
-        adv = centred / (std + eps) if norm_by_std else centred
-    elif kind == "rloo":
-        adv = centred * n / (n - 1).clamp(min=1)
-    elif kind == "center":
-        adv = centred
-    else:
-        raise ValueError(f"unknown group baseline {kind!r}; use grpo, rloo or center")
-    return torch.where(constant, torch.zeros_like(adv), adv)
+@dataclass(frozen=True)
+class Step:
+    """One step's episodes as every estimator reads them. The reward statistics cover the whole step:
+    `rewards`, `groups` and `states` are its N episodes (every rank's, gathered by the trainer,
+    train.global_advantages); the token tensors are this process's rows `rows` of them. That is all an
+    estimator knows of processes: it takes its rows with `mine`, broadcasts a per-episode value with
+    `spread` and whitens over the batch with `whiten`, whose statistics `reduce` combines over processes."""
+    rewards: Tensor                       # (N,) episode rewards r_i
+    groups: Tensor                        # (N,) long, equal for the episodes sampled for one task
+    mask: Tensor | None = None            # (B, T) 1 on this process's rows' policy tokens
+    values: Tensor | None = None          # (B, T) the critic's values (gae)
+    token_kl: Tensor | None = None        # (B, T) the KL to the reference a token, for a KL in the reward
+    states: list[list[str]] | None = None  # gigpo: per episode, the keys of the observations its turns answered
+    rows: slice | None = None             # this process's rows of the N (default all)
+    reduce: tuple | None = None           # (sum, max): float64 tensor -> the same over processes (masked_whiten)
+
+    def mine(self, x: Tensor) -> Tensor:
+        """(N, ...) -> this process's (B, ...)."""
+        return x if self.rows is None else x[self.rows]
+
+    def spread(self, per_episode: Tensor) -> Tensor:
+        """(N,) -> (B, T): this process's rows, each row's value on its policy tokens and 0 elsewhere. A
+        step without a mask (GiGPO's step groups, `step_advantages`) keeps the (N,) values."""
+        if self.mask is None:
+            return per_episode
+        x = self.mine(per_episode).to(self.rewards.dtype)
+        return _keep(x[:, None].expand(self.mask.shape), self.mask.bool())
+
+    def whiten(self, adv: Tensor, o: Options) -> Tensor:
+        """(B, T) -> whitened over the masked tokens of every process's rows (o.whiten False: unchanged)."""
+        reduce_sum, reduce_max = self.reduce or (None, None)
+        return masked_whiten(adv, self.mask, reduce_sum=reduce_sum, reduce_max=reduce_max) if o.whiten else adv
+
+
+@dataclass(frozen=True)
+class Options:
+    """The estimators' hyperparameters (config.py: --gamma, --lam, --kl-coef, --grpo-std, --step-weight)."""
+    gamma: float = 1.0         # discount a policy token (reinforce++, gae), a turn (gigpo's step returns)
+    lam: float = 1.0           # GAE's lambda
+    kl_coef: float = 0.0       # the KL in the reward (reinforce++, gae): r_t -= kl_coef * token_kl_t
+    norm_by_std: bool = True   # grpo and gigpo divide by the group's std; False: Dr. GRPO
+    eps: float = 1e-6          # added to that std
+    whiten: bool = True        # reinforce++ and gae whiten over the batch; False: raw values
+    step_weight: float = 1.0   # gigpo: the weight of the step-level term
+
+
+def group_stats(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-row group mean, unbiased group std (0 for a group of one), group size, and whether the
+    row's group is constant (all rewards equal, or a group of one), each (N,), all float64 but the flag.
+
+    float64 because a float32 mean of equal rewards can be one rounding unit off, which made the std
+    about 1e-7 and (r - mean) / (std + eps) about 0.1 for an all-equal group. The constant flag
+    compares group max and min, so an all-equal group is recognised exactly whatever the dtype."""
+    _, inv, counts = torch.unique(groups, return_inverse=True, return_counts=True)
+    r = rewards.double()
+    n = counts.double()                                                            # (G,)
+    mean = torch.zeros_like(n).index_add_(0, inv, r) / n                           # (G,)
+    dev = r - mean[inv]                                                            # (N,)
+    ss = torch.zeros_like(n).index_add_(0, inv, dev * dev)                         # (G,)
+    std = torch.where(counts > 1, (ss / (n - 1).clamp(min=1)).sqrt(), torch.zeros_like(n))
+    hi = torch.full_like(n, -float("inf")).scatter_reduce(0, inv, r, "amax")
+    lo = torch.full_like(n, float("inf")).scatter_reduce(0, inv, r, "amin")
+    return mean[inv], std[inv], n[inv], (hi <= lo)[inv]
+
+
+def _no_kl_in_reward(name: str, o: Options) -> None:
+    if o.kl_coef != 0.0:  # silently ignoring a hyperparameter hides a misconfigured run
+        raise ValueError(f"{name} takes no KL in the reward; use kl_loss(...) or set kl_coef=0")
+
+
+# ---------------------------------------------------------------- the estimators, one function each
+
+def grpo(s: Step, o: Options) -> tuple[Tensor, Tensor]:
+    """GRPO (Shao et al., 2024, DeepSeekMath 4.1.2, outcome supervision): A_i = (r_i - mean_g) / (std_g + eps)
+    on every policy token of episode i, std unbiased as torch.std; o.norm_by_std False drops the division
+    (Dr. GRPO, Liu et al., 2025). A group of one gets 0 (verl uses mean 0, std 1, i.e. A_i = r_i; with no
+    sibling there is no baseline), an all-equal group exactly 0 (float64, by max == min). returns = A."""
+    _no_kl_in_reward("grpo", o)
+    mean, std, _, constant = group_stats(s.rewards, s.groups)
+    centred = s.rewards.double() - mean
+    adv = centred / (std + o.eps) if o.norm_by_std else centred
+    adv = s.spread(torch.where(constant, torch.zeros_like(adv), adv))
+    return adv, adv.clone()
+
+
+def rloo(s: Step, o: Options) -> tuple[Tensor, Tensor]:
+    """RLOO (Ahmadian et al., 2024): A_i = r_i - mean_{j in g, j != i} r_j = n/(n-1) (r_i - mean_g) on every
+    policy token of episode i; a group of one, or an all-equal group, gets 0. returns = A."""
+    _no_kl_in_reward("rloo", o)
+    mean, _, n, constant = group_stats(s.rewards, s.groups)
+    adv = (s.rewards.double() - mean) * n / (n - 1).clamp(min=1)
+    adv = s.spread(torch.where(constant, torch.zeros_like(adv), adv))
+    return adv, adv.clone()
+
+
+def token_rewards(s: Step, o: Options) -> Tensor:
+    """(B, T) this process's token rewards: r_i on the last policy token of row i (`terminal_rewards`), minus
+    o.kl_coef * token_kl_t on every policy token when the KL goes into the reward (REINFORCE++'s)."""
+    token_r = terminal_rewards(s.mine(s.rewards), s.mask)          # (B, T)
+    if o.kl_coef != 0.0:
+        if s.token_kl is None:
+            raise ValueError(f"kl_coef={o.kl_coef} needs token_kl, e.g. kl_penalty(old_logp, ref_logp, 'k1')")
+        if s.token_kl.shape != s.mask.shape:
+            raise ValueError(f"token_kl must have shape {tuple(s.mask.shape)}, got {tuple(s.token_kl.shape)}")
+        _require_finite("token_kl", s.token_kl, s.mask)
+        token_r = token_r - o.kl_coef * _keep(s.token_kl.detach().to(token_r.dtype), s.mask.bool())
+    return token_r
+
+
+def reinforce_pp(s: Step, o: Options) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ (Hu, 2025): A_t = G_t = sum_{s >= t, policy} gamma^k(t,s) r_s over the token rewards
+    (`token_rewards`), k(t,s) the number of policy tokens after t up to s (observation tokens are not time
+    steps: return-to-go is GAE with no critic and lambda 1); returns = G; A whitened over the whole batch
+    (masked mean/var over every process's rows), NOT per group."""
+    token_r = token_rewards(s, o)
+    adv = _gae_over_mask(token_r, torch.zeros_like(token_r), s.mask, o.gamma, 1.0)
+    return s.whiten(adv, o), adv.clone()
+
+
+def reinforce_pp_baseline(s: Step, o: Options) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ with a baseline: as `reinforce_pp` with r_i - mean_g (0 for a constant group) in place of r_i."""
+    mean, _, _, constant = group_stats(s.rewards, s.groups)
+    centred = s.rewards.double() - mean
+    centred = torch.where(constant, torch.zeros_like(centred), centred).to(s.rewards.dtype)
+    return reinforce_pp(replace(s, rewards=centred), o)
+
+
+def gae(s: Step, o: Options) -> tuple[Tensor, Tensor]:
+    """PPO's GAE (Schulman et al., 2016) with the critic's values: token rewards as REINFORCE++'s (no KL when
+    o.kl_coef is 0), TD errors and the recursion over policy tokens only (`_gae_over_mask`);
+    returns = A + V (before whitening); A whitened over the batch."""
+    token_r = token_rewards(s, o)
+    if s.values is None or s.values.shape != s.mask.shape:
+        raise ValueError(f"gae needs critic values of shape {tuple(s.mask.shape)}, got "
+                         f"{None if s.values is None else tuple(s.values.shape)}")
+    m = s.mask.bool()
+    _require_finite("value", s.values, m)
+    v = _keep(s.values.detach().to(token_r.dtype), m)
+    adv = _gae_over_mask(token_r, v, s.mask, o.gamma, o.lam)
+    return s.whiten(adv, o), _keep(adv + v, m)
 
 
 def step_advantages(rewards: Tensor, groups: Tensor, states: list[list[str]], gamma: float = 0.95,
                     norm_by_std: bool = True, eps: float = 1e-6) -> list[Tensor]:
     """GiGPO's step term A_S: per episode a (turns,) float64 tensor, each turn's discounted return against
-    the other turns taken from the same state in the same group (gigpo.step_groups)."""
+    the other turns taken from the same state in the same group (gigpo.step_groups): GRPO on step groups."""
     _require_finite("reward", rewards)
-    returns, ids = gigpo.step_groups(rewards, groups, states, gamma)
-    flat = group_baseline("grpo", returns, ids, norm_by_std, eps) if len(returns) else torch.zeros(0)
+    returns, ids = step_groups(rewards, groups, states, gamma)
+    o = Options(norm_by_std=norm_by_std, eps=eps)
+    flat = grpo(Step(returns, ids), o)[0] if len(returns) else torch.zeros(0)
     ends = torch.tensor([0, *map(len, states)]).cumsum(0).tolist()
     return [flat[a:b].double() for a, b in zip(ends, ends[1:])]
 
 
-@dataclass(frozen=True)
-class Options:
-    """`advantages`' settings beyond each estimator's own hyperparameters, and how a step spans processes."""
-    norm_by_std: bool = True               # grpo and gigpo divide by the group's std; False: Dr. GRPO
-    eps: float = 1e-6                      # added to that std
-    whiten: bool = True                    # reinforce++ and gae whiten over the batch; False: raw values
-    step_weight: float = 1.0               # gigpo: the weight of the step-level term
-    states: list[list[str]] | None = None  # gigpo: per episode of the step, its turns' observation keys
-    rows: slice | None = None              # this process's rows of the step's episodes (default all)
-    reduce_sum: object = None              # t -> t summed over processes (masked_whiten); identity if None
-    reduce_max: object = None              # t -> t maxed over processes
-
-
-def _group_relative(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, rows, gamma: float,
-                    opts: Options) -> Tensor:
-    """`advantages` of the group-relative estimators (grpo, rloo, gigpo) on this process's rows: the episode's
-    score against its group, broadcast to its policy tokens (gigpo adds each turn's step advantage)."""
-    B, T = mask.shape
-    m, eps = mask.bool(), opts.eps
-    scalar = group_baseline("rloo" if name == "rloo" else "grpo", rewards, group_ids, opts.norm_by_std, eps)
-    if name != "gigpo":
-        return _keep(scalar[rows].to(rewards.dtype)[:, None].expand(B, T), m)
-    if opts.states is None or len(opts.states) != len(rewards):
+def gigpo(s: Step, o: Options) -> tuple[Tensor, Tensor]:
+    """GiGPO (Feng et al., 2025; gigpo.py): A_E(i) + o.step_weight * A_S(i, t) on the tokens of turn t. A_E is
+    GRPO's; A_S compares turn t's return gamma^(T_i-1-t) r_i with the other turns from the same state
+    (`s.states[i]`, the keys of the observations episode i's turns answered). returns = A."""
+    _no_kl_in_reward("gigpo", o)
+    if s.states is None or len(s.states) != len(s.rewards):
         raise ValueError("gigpo needs states: per episode of the step, the keys of the observations its "
                          "turns answered (rollout.Episode.states)")
-    steps = step_advantages(rewards, group_ids, opts.states, gamma, opts.norm_by_std, eps)[rows]
-    return _keep(gigpo.per_turn(scalar[rows], steps, mask, opts.step_weight), m).float()
+    episode, _ = grpo(replace(s, mask=None), o)                      # (N,) A_E
+    steps = s.mine(step_advantages(s.rewards, s.groups, s.states, o.gamma, o.norm_by_std, o.eps))
+    adv = _keep(per_turn(s.mine(episode), steps, s.mask, o.step_weight), s.mask.bool()).float()
+    return adv, adv.clone()
 
 
-def advantages(name: str, rewards: Tensor, mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
-               token_kl: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, kl_coef: float = 0.0,
-               opts: Options = Options()) -> tuple[Tensor, Tensor]:
-    """Advantages and returns, both (B, T) and 0 wherever mask is 0.
+ESTIMATORS = {"grpo": grpo, "rloo": rloo, "reinforce++": reinforce_pp, "reinforce++_baseline": reinforce_pp_baseline,
+              "gae": gae, "gigpo": gigpo}
 
-    rewards (B,) episode rewards r_i; mask (B, T); group_ids (B,) long, equal for episodes sampled for
-    the same task; values (B, T) critic values (gae only); token_kl (B, T) e.g. kl_penalty(old, ref).
 
-    grpo    A_i = (r_i - mean_g) / (std_g + eps), std unbiased as torch.std; opts.norm_by_std=False drops
-            the division (Dr. GRPO). A group of one gets 0 (verl uses mean 0, std 1, i.e. A_i = r_i;
-            with no sibling there is no baseline, so no signal). All-equal groups get 0. returns = A.
-    rloo    A_i = r_i - mean_{j in g, j != i} r_j = n/(n-1) (r_i - mean_g); a group of one gets 0.
-    reinforce++   token rewards r_t = r_i on the last policy token - kl_coef * token_kl_t on every
-            policy token; A_t = G_t = sum_{s >= t, policy} gamma^k(t,s) r_s, k(t,s) = number of
-            policy tokens after t up to s (observation tokens are not time steps);
-            returns = G; A whitened over the whole batch (masked mean/var), NOT per group.
-    reinforce++_baseline   as reinforce++ with r_i - mean_g in place of r_i.
-    gae     PPO: token rewards as reinforce++ (no KL when kl_coef=0); GAE over policy tokens
-            (see `_gae_over_mask`); returns = A + V (before whitening); A whitened over the batch.
-    gigpo   A_E(i) + step_weight * A_S(i, t) on the tokens of turn t (gigpo.py): A_E is grpo's, A_S
-            compares turn t's return gamma^(T_i-1-t) r_i with the other turns from the same state
-            (`states[i]`, the keys of the observations episode i's turns answered). returns = A.
-    opts.whiten=False skips the batch whitening (reinforce++ variants and gae) e.g. to inspect raw values.
-
-    Statistics (group and batch) cover the whole step: `rewards`, `group_ids` (and `opts.states`) are the
-    step's N episodes (all ranks), `mask` (and `values`, `token_kl`) this process's rows `opts.rows` of
-    them (default all N), and `opts.reduce_sum` / `reduce_max` combine the whitening statistics over
-    processes (see `masked_whiten`; identity by default). Rows with an empty mask count in their group's reward
-    statistics but get no tokens. Raises ValueError on an unknown name, shape mismatch, non-finite
-    rewards, or non-finite values/token_kl on policy tokens (non-finite entries at mask 0 are ignored).
-    """
+def advantages(name: str, s: Step, o: Options = Options()) -> tuple[Tensor, Tensor]:
+    """Advantages and returns of estimator `name` (ESTIMATORS: each function's docstring gives its formula),
+    both (B, T) and 0 wherever s.mask is 0. Rows with an empty mask count in their group's reward statistics
+    but get no tokens. Raises ValueError on an unknown name, shape mismatch, non-finite rewards, or
+    non-finite values/token_kl on policy tokens (non-finite entries at mask 0 are ignored)."""
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; use one of {', '.join(ESTIMATORS)}")
-    B, T = mask.shape
-    rows = opts.rows or slice(0, len(rewards))
-    if rewards.shape != group_ids.shape or rewards[rows].shape != (B,):
-        raise ValueError(f"rewards and group_ids must have shape ({B},) to match mask {tuple(mask.shape)} (or "
-                         f"hold the whole step, of which `rows` selects these {B}), got {tuple(rewards.shape)} "
-                         f"and {tuple(group_ids.shape)}")
-    rewards = rewards.detach().to(_float(rewards.dtype))
-    _require_finite("reward", rewards)
-    if name in ("grpo", "rloo", "gigpo"):
-        if kl_coef != 0.0:  # silently ignoring a hyperparameter hides a misconfigured run
-            raise ValueError(f"{name} takes no KL in the reward; use kl_loss(...) or set kl_coef=0")
-        adv = _group_relative(name, rewards, mask, group_ids, rows, gamma, opts)
-        return adv, adv.clone()
-
-    if name == "reinforce++_baseline":
-        rewards = group_baseline("center", rewards, group_ids).to(rewards.dtype)
-    return _token_level(name, rewards[rows], mask, values, token_kl, gamma, lam, kl_coef, opts)
-
-
-def _token_level(name: str, rewards: Tensor, mask: Tensor, values: Tensor | None, token_kl: Tensor | None,
-                 gamma: float, lam: float, kl_coef: float, opts: Options) -> tuple[Tensor, Tensor]:
-    """`advantages` of the token-level estimators (reinforce++ and its baseline, gae) from this process's
-    episode rewards (B,): token rewards, return-to-go or GAE over policy tokens, whitened over the batch."""
-    B, T = mask.shape
-    m = mask.bool()
-    token_r = terminal_rewards(rewards, mask)                    # (B, T)
-    if kl_coef != 0.0:
-        if token_kl is None:
-            raise ValueError(f"kl_coef={kl_coef} needs token_kl, e.g. kl_penalty(old_logp, ref_logp, 'k1')")
-        if token_kl.shape != (B, T):
-            raise ValueError(f"token_kl must have shape {(B, T)}, got {tuple(token_kl.shape)}")
-        _require_finite("token_kl", token_kl, m)
-        token_r = token_r - kl_coef * _keep(token_kl.detach().to(token_r.dtype), m)
-
-    if name == "gae":
-        if values is None or values.shape != (B, T):
-            raise ValueError(f"gae needs critic values of shape {(B, T)}, got "
-                             f"{None if values is None else tuple(values.shape)}")
-        _require_finite("value", values, m)
-        v = _keep(values.detach().to(token_r.dtype), m)
-        adv = _gae_over_mask(token_r, v, mask, gamma, lam)
-        returns = _keep(adv + v, m)
-    else:
-        adv = _gae_over_mask(token_r, torch.zeros_like(token_r), mask, gamma, 1.0)
-        returns = adv.clone()
-    adv = masked_whiten(adv, mask, reduce_sum=opts.reduce_sum, reduce_max=opts.reduce_max) if opts.whiten else adv
-    return adv, returns
-
+    B = s.mask.shape[0]
+    if s.rewards.shape != s.groups.shape or s.mine(s.rewards).shape != (B,):
+        raise ValueError(f"rewards and group_ids must have shape ({B},) to match mask {tuple(s.mask.shape)} (or "
+                         f"hold the whole step, of which `rows` selects these {B}), got {tuple(s.rewards.shape)} "
+                         f"and {tuple(s.groups.shape)}")
+    s = replace(s, rewards=s.rewards.detach().to(_float(s.rewards.dtype)))
+    _require_finite("reward", s.rewards)
+    return ESTIMATORS[name](s, o)

@@ -17,7 +17,7 @@ against other actions from the very same situation:
 
 A state is the exact observation text the turn answered (`state_key`), as the paper's anchor states
 are; two states that render alike are merged, two that differ in any character are kept apart. A step
-group of one turn, or one whose returns are equal, adds exactly 0 (algorithms.group_baseline), so a
+group of one turn, or one whose returns are equal, adds exactly 0 (algorithms.grpo), so a
 group whose episodes all failed still trains nothing. Episode rewards here are terminal (the env's last
 reward, `rollout.Episode`), so the return from turn t is the reward discounted by the turns still to
 come: with gamma < 1, reaching the goal sooner from the same state counts as better. The paper's
@@ -26,7 +26,7 @@ settings: gamma 0.95, weight 1.
 Turns are found on the token mask: turn t of a row is its t-th run of policy tokens (replies are
 always separated by observation tokens), matched to the t-th key of `Episode.states`. This file holds
 the bookkeeping (state keys, step groups, turns on the mask); the arithmetic is the estimator's own,
-`algorithms.advantages("gigpo", ..., states=...)`, with the one group baseline every estimator uses.
+`algorithms.gigpo` (`--algo gigpo`), which applies GRPO's own function to the step groups.
 Tests: python -m pytest tests/test_gigpo.py
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ def step_groups(rewards: Tensor, groups: Tensor, states: list[list[str]], gamma:
                 ) -> tuple[Tensor, Tensor]:
     """Every turn of every episode as one row: (returns, ids), both (turns,), in episode order. returns
     float64, R_i,t = gamma^(T_i - 1 - t) R_i; ids the step group s = (group, state) of the turn, which
-    `algorithms.advantages("gigpo", ...)` hands to the group baseline. `states[i]` are the keys of the
+    `algorithms.step_advantages` hands to GRPO's function. `states[i]` are the keys of the
     observations episode i's turns answered, in order."""
     if len(states) != len(rewards) or len(groups) != len(rewards):
         raise ValueError(f"{len(rewards)} rewards need as many group ids and state lists, "

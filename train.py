@@ -146,11 +146,11 @@ def global_advantages(cfg, d, batch, values, token_kl) -> tuple[torch.Tensor, to
         dist.all_gather_object(states, batch["states"])
         states = sum(states, [])
         batch["metrics"] = {"shared_turns": gigpo.shared_turns(groups, states)}  # logged with the step's
-    opts = A.Options(norm_by_std=cfg.grpo_std, step_weight=cfg.step_weight, states=states,
-                     rows=slice(rank * n, (rank + 1) * n), reduce_sum=reduced(dist.ReduceOp.SUM),
-                     reduce_max=reduced(dist.ReduceOp.MAX))
-    return A.advantages(d.algo.estimator, rewards, batch["mask"], groups, values=values, token_kl=token_kl,
-                        gamma=cfg.gamma, lam=cfg.lam, kl_coef=cfg.kl_coef if token_kl is not None else 0.0, opts=opts)
+    step = A.Step(rewards, groups, batch["mask"], values, token_kl, states, rows=slice(rank * n, (rank + 1) * n),
+                  reduce=(reduced(dist.ReduceOp.SUM), reduced(dist.ReduceOp.MAX)))
+    opts = A.Options(cfg.gamma, cfg.lam, kl_coef=cfg.kl_coef if token_kl is not None else 0.0,
+                     norm_by_std=cfg.grpo_std, step_weight=cfg.step_weight)
+    return A.advantages(d.algo.estimator, step, opts)
 
 
 def reduced(op):

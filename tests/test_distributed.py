@@ -85,7 +85,7 @@ def _collectives(rank):
         cfg = configs.Config(algo=algo, kl_coef=0.0)
         d = checks.derive(cfg)
         adv, _ = train.global_advantages(cfg, d, mine, None, None)
-        ref, _ = A.advantages(algo, full["rewards"], full["mask"], full["groups"])
+        ref, _ = A.advantages(algo, A.Step(full["rewards"], full["groups"], full["mask"]))
         share = slice(rank * 4, (rank + 1) * 4)
         out[algo] = float((adv - ref[share]).abs().max())
         out[algo + "_nonzero_const_group"] = int(torch.count_nonzero(adv[: 4 - 4 * rank]) if rank == 0 else 0)

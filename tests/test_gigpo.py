@@ -18,8 +18,8 @@ REWARDS = [1.0, 0.0, 0.5, 1.0]  # exact in bfloat16
 
 def gigpo_adv(rewards, groups, states, masks, rows=None, gamma=0.95, weight=1.0, eps=1e-6):
     """The estimator's token advantages through the one entry point."""
-    return A.advantages("gigpo", rewards, masks, groups, gamma=gamma,
-                        opts=A.Options(states=states, rows=rows, step_weight=weight, eps=eps))[0]
+    return A.advantages("gigpo", A.Step(rewards, groups, masks, states=states, rows=rows),
+                        A.Options(gamma=gamma, eps=eps, step_weight=weight))[0]
 
 
 def mask_of(turn_lengths, width=16, prompt=2):
@@ -67,7 +67,7 @@ def test_token_advantages_are_episode_plus_weighted_step_terms():
 def test_weight_zero_is_grpo_and_rows_select_this_ranks_share():
     masks = torch.cat([mask_of([2, 3]), mask_of([1, 2, 1]), mask_of([3, 1]), mask_of([2])])
     rewards = torch.tensor(REWARDS)
-    grpo = A.group_baseline("grpo", rewards, GROUPS)[:, None].float() * masks
+    grpo, _ = A.advantages("grpo", A.Step(rewards, GROUPS, masks))
     assert torch.equal(gigpo_adv(rewards, GROUPS, STATES, masks, weight=0.0), grpo)
     full = gigpo_adv(rewards, GROUPS, STATES, masks, gamma=0.9)
     assert torch.equal(gigpo_adv(rewards, GROUPS, STATES, masks[2:], rows=slice(2, 4), gamma=0.9), full[2:])
@@ -82,7 +82,8 @@ def test_failed_group_equal_returns_and_unmatched_rows_add_nothing():
     # row 1 has two runs of tokens but three states: it gets its episode term alone, on every token
     adv = gigpo_adv(torch.tensor([1.0, 0.0, 0.0]), torch.zeros(3, dtype=torch.long),
                            [["s", "a"], ["s", "b", "c"], ["s", "a"]], masks, gamma=0.5, eps=0.0)
-    episode = float(A.group_baseline("grpo", torch.tensor([1.0, 0.0, 0.0]), torch.zeros(3, dtype=torch.long), eps=0.0)[1])
+    episode, _ = A.grpo(A.Step(torch.tensor([1.0, 0.0, 0.0]), torch.zeros(3, dtype=torch.long)), A.Options(eps=0.0))
+    episode = float(episode[1])  # without a mask, one value an episode
     assert torch.allclose(adv[1][masks[1] == 1], torch.tensor(episode))
 
 

@@ -41,7 +41,7 @@ def test_all_equal_rewards_give_exactly_zero(name, dtype):
             mask = multi_turn_mask(rng, n * groups, 12).to(dtype)
             gids = torch.arange(groups).repeat_interleave(n)
             values = torch.zeros(n * groups, 12, dtype=dtype) if name == "gae" else None
-            adv, _ = A.advantages(name, rewards, mask, gids, values=values)
+            adv, _ = A.advantages(name, A.Step(rewards, gids, mask, values=values))
             assert torch.count_nonzero(adv) == 0, (name, n, value, adv.abs().max())
 
 
@@ -51,7 +51,7 @@ def test_group_constants_under_reinforce_pp_baseline_whitening_stay_zero():
     rewards = torch.tensor([0.97] * 8 + [0.33] * 8 + [0.01] * 8 + [0.58] * 8)
     mask = multi_turn_mask(random.Random(1), 32, 20)
     gids = torch.arange(4).repeat_interleave(8)
-    adv, _ = A.advantages("reinforce++_baseline", rewards, mask, gids)
+    adv, _ = A.advantages("reinforce++_baseline", A.Step(rewards, gids, mask))
     assert torch.count_nonzero(adv) == 0
 
 
@@ -164,8 +164,8 @@ def test_every_estimator_matches_the_loop_reference(name, dtype):
         kl = torch.randn(B, T, generator=g).abs().to(dtype) if name != "gae" and name.startswith("reinforce") else None
         kl_coef = 0.1 if kl is not None else 0.0
         gamma, lam = (0.9, 0.8) if name == "gae" else (1.0, 1.0)
-        adv, _ = A.advantages(name, rewards, mask, gids, values=values, token_kl=kl, kl_coef=kl_coef,
-                              gamma=gamma, lam=lam)
+        adv, _ = A.advantages(name, A.Step(rewards, gids, mask, values=values, token_kl=kl),
+                              A.Options(gamma, lam, kl_coef))
         want = torch.tensor(loop_reference(name, rewards, mask, gids, values, kl, gamma, lam, kl_coef),
                             dtype=torch.float64)
         tol = 1e-4 if dtype == torch.float32 else 1e-9

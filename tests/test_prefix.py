@@ -181,8 +181,8 @@ def run_update(algo: str, dtype, checkpointing: bool, shared: bool, base, critic
     values = B.score(models["critic"], batch, micro, 1.0, value=True) if algo == "ppo" else None
     kl_in_reward = algo == "reinforce++"
     token_kl = losses.kl_penalty(old, ref_lp, "k3") * mask if kl_in_reward else None
-    adv, returns = A.advantages("gae" if algo == "ppo" else algo, rewards, mask, groups, values=values,
-                                token_kl=token_kl, kl_coef=cfg.kl_coef if kl_in_reward else 0.0)
+    adv, returns = A.advantages("gae" if algo == "ppo" else algo, A.Step(rewards, groups, mask, values, token_kl),
+                                A.Options(kl_coef=cfg.kl_coef if kl_in_reward else 0.0))
     opts = {k: Recorder(m) for k, m in models.items()}
     scored = train.Scored(batch, adv, returns, old, None if kl_in_reward else ref_lp, values, kl_in_reward)
     stats = train.update(cfg, models, opts, scored, reduce=(lambda *xs: [float(x) for x in xs], lambda n: n))
@@ -269,7 +269,7 @@ def _fsdp2_update(rank):
             model = distributed.shard(AutoModelForCausalLM.from_pretrained(tiny_model_dir()), mesh, dtype, True)
             eps = episodes(model.config.vocab_size)[rank * 6:(rank + 1) * 6]
             batch = B.collate(eps, 0)
-            adv, _ = A.advantages("grpo", batch["rewards"], batch["mask"], batch["groups"])
+            adv, _ = A.advantages("grpo", A.Step(batch["rewards"], batch["groups"], batch["mask"]))
             cfg = configs.Config(kl_coef=0.0, entropy_coef=0.01, micro_tokens=48 + 32 * rank, grad_clip=1e9,
                                  shared_prefix=shared)
             rec = Recorder(model)
@@ -301,7 +301,7 @@ def _fsdp2_against_one_process(rank):
     mesh = init_device_mesh("cpu", (2,))
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.float32)
     full = B.collate(episodes(base.config.vocab_size), 0)
-    adv, _ = A.advantages("grpo", full["rewards"], full["mask"], full["groups"])
+    adv, _ = A.advantages("grpo", A.Step(full["rewards"], full["groups"], full["mask"]))
     cfg = configs.Config(kl_coef=0.0, micro_tokens=40, grad_clip=1e9, shared_prefix=False)
     model = distributed.shard(copy.deepcopy(base), mesh, "float32", False)
     mine = B.collate(episodes(base.config.vocab_size)[rank * 6:(rank + 1) * 6], 0)
