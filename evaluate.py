@@ -23,7 +23,7 @@ Definitions (per table row, tasks weigh equally):
 
 Paper mode: `--tasks-file` plays exactly the tasks of an AgentGym-RL-Data-ID list (e.g. the paper's
 `eval/sciworld_test.json`, mapped by envs/agentgym.py), `--prompt-style agentgym` opens episodes the
-way AgentGym's clients did (framing.py); the README's "Comparing with the paper" says what still differs.
+way AgentGym's clients did (framing.py); docs/paper.md, "Comparing with the paper", says what still differs.
 
 Departures from the paper's evaluation: environments run in-process (no env servers). Each turn budget
 plays its own episodes. An episode that outgrows `--max-context` ends there (end reason "context" in

@@ -22,7 +22,7 @@ The project's own studies beside the method (studies.py) reach a step through `r
 give back their input unchanged when every study is off (the default).
 
 Paper mode: `--tasks-file` trains on an AgentGym-RL-Data-ID task list and `--prompt-style agentgym`
-frames episodes as AgentGym's clients did (README, "Comparing with the paper").
+frames episodes as AgentGym's clients did (docs/paper.md, "Comparing with the paper").
 
 Departures from the paper's code: the reward sits on the last policy token (the original put it on an
 observation token outside the loss mask); RLOO is implemented; the horizon is a pure function of the

@@ -86,3 +86,29 @@ def test_the_file_tree_lists_every_infra_module():
     listed = set(re.findall(r"(\w+\.py)", tree))
     modules = {p.name for p in (ROOT / "infra").glob("*.py") if p.name != "__init__.py"}
     assert modules <= listed, f"README's infra/ list lacks {sorted(modules - listed)}"
+
+
+TEST = re.compile(r"(tests/test_\w+\.py)::(\w+)")
+SECTION = re.compile(r"README(?:'s)?,? \"([^\"]+)\"|README, ([A-Z][\w ]+)[).;]")
+
+
+def test_every_named_test_exists():
+    """A claim the README makes of a test (`tests/test_x.py::test_name`) names a test that is there."""
+    named = set(TEST.findall(README))
+    assert named, "the README names no test; is the notation still parsed?"
+    missing = [f"{f}::{name}" for f, name in sorted(named)
+               if not re.search(rf"^def {name}\(", (ROOT / f).read_text() if (ROOT / f).is_file() else "", re.M)]
+    assert not missing, f"README.md names tests that do not exist: {missing}"
+
+
+def test_pointers_to_readme_sections_name_one():
+    """A docstring or docs page that sends the reader to a README section (README, "Results") names a heading
+    the README has: sections that moved to a docs page (docs/paper.md's "Comparing with the paper") leave
+    no pointer behind."""
+    headings = {line.lstrip("#").strip() for line in README.splitlines() if line.startswith("##")}
+    files = [*ROOT.glob("*.py"), *ROOT.glob("*/*.py"), *(ROOT / "docs").glob("*.md")]
+    pointers = [(p.relative_to(ROOT), a or b) for p in files if ".venv" not in p.parts
+                for a, b in SECTION.findall(p.read_text())]
+    assert pointers, "no pointer found; is the notation still parsed?"
+    stale = [f"{p}: README, {title!r}" for p, title in pointers if title.strip() not in headings]
+    assert not stale, f"pointers to README sections that are not there: {stale}"
