@@ -38,6 +38,7 @@ class Derived:
     schedule: schedules.Schedule
     env_options: dict   # --env-options, plus the agentgym style's action parsing (framing.env_options)
     framing: Framing    # how every episode opens (--prompt-style, --instructions-file)
+    chat_options: dict  # --chat-template-options: keyword options of the chat template (rollout.ChatFormat)
     device: str
     dtype: str          # compute and engine dtype (see `compute_dtype`)
     out: str
@@ -50,6 +51,7 @@ def derive(cfg: Config) -> Derived:
     return Derived(schedule=schedules.parse(cfg.horizon),
                    env_options=framings.env_options(cfg.prompt_style, cfg.env, json.loads(cfg.env_options)),
                    framing=framings.make(cfg.prompt_style, cfg.env, cfg.instructions_file),
+                   chat_options=json.loads(cfg.chat_template_options),
                    device=device, dtype=compute_dtype(cfg.dtype, device, cfg.model),
                    out=cfg.out.format(env=cfg.env, algo=cfg.algo.replace("+", "p")),
                    algo=ALGOS[cfg.algo],
@@ -131,14 +133,15 @@ def _choices(cfg: Config) -> str | None:
     return None
 
 
-def env_options(text: str, example: str) -> tuple[dict | None, str | None]:
-    """--env-options parsed: (the options, None), or (None, the one-line error with `example`)."""
+def env_options(text: str, example: str, flag: str = "--env-options") -> tuple[dict | None, str | None]:
+    """--env-options (or another JSON `flag`) parsed: (the options, None), or (None, the one-line error
+    with `example`)."""
     try:
         options = json.loads(text)
     except json.JSONDecodeError as exc:
-        return None, f"--env-options is not a JSON object ({exc.msg}); e.g. --env-options '{example}'"
+        return None, f"{flag} is not a JSON object ({exc.msg}); e.g. {flag} '{example}'"
     if not isinstance(options, dict):
-        return None, f"--env-options must be a JSON object, e.g. '{example}'"
+        return None, f"{flag} must be a JSON object, e.g. '{example}'"
     return options, None
 
 
@@ -146,6 +149,8 @@ def _environment(cfg: Config) -> str | None:
     """--env-options, the prompt style, the tasks file, and what the flags ask of the env (an expert, refusals)."""
     options, problem = env_options(cfg.env_options, '{"max_distractors": 5}')
     if problem:
+        return problem
+    if problem := env_options(cfg.chat_template_options, '{"enable_thinking": false}', "--chat-template-options")[1]:
         return problem
     if cfg.env == "sciworld" and "task_types" in options:  # refused here, before a JVM or a model starts
         from envs.sciworld import chosen_kinds

@@ -45,6 +45,9 @@ class Config:
                             "as a user turn, a canned assistant reply, the original clients' action parsing)", "ours")
     instructions_file: str = doc("JSON object {env: instruction text} replacing the env's instruction (e.g. the "
                                  "original AgentGym prompts); empty: the env's own", "")
+    chat_template_options: str = doc("JSON object of keyword options for the model's chat template, each a "
+                                     "variable the template reads, e.g. '{\"enable_thinking\": false}' (Qwen3: an "
+                                     "empty reasoning block opens every reply)", "{}")
     model: str = doc("'tiny' (built offline), an HF model name, or a local model directory", "tiny")
     algo: str = doc("advantage estimator: grpo, rloo, reinforce++, reinforce++_baseline, ppo (GAE + critic), "
                      "gigpo (GRPO plus step-level groups of turns from the same state: GiGPO, Feng et al. 2025; gigpo.py)",

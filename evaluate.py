@@ -71,7 +71,7 @@ REWARD_SCALE = {
 }
 # The settings a resumed evaluation must share with the transcripts it continues.
 SAME_FOR_RESUME = ("env", "env_options", "model", "k", "temperature", "top_p", "max_tokens", "max_context",
-                   "prompt_style", "instruction")
+                   "prompt_style", "instruction", "chat_template_options")
 
 
 @dataclass
@@ -88,6 +88,7 @@ class EvalConfig:
                           "([{\"item_id\": \"sciworld_17\"}, ...]) mapped as envs/agentgym.py says", "")
     prompt_style: str = same("prompt_style")
     instructions_file: str = same("instructions_file")
+    chat_template_options: str = same("chat_template_options")
     limit: int = doc("evaluate only the first N tasks (0: all)", 0)
     k: int = doc("samples per task and turn budget (Avg@k; Pass@j for j = 1, 2, 4, ..., k)", 1)
     turns: str = doc("turn budget, or a comma list of budgets for interaction scaling ('10,20,30'); "
@@ -127,6 +128,7 @@ class Derived:
     model: str             # checkpoint directories resolved to the policy directory; 'tiny' kept as is
     env_options: dict      # --env-options, plus the agentgym style's action parsing (framing.env_options)
     framing: Framing       # how every episode opens (--prompt-style, --instructions-file)
+    chat_options: dict     # --chat-template-options: keyword options of the chat template (rollout.ChatFormat)
 
 
 def parse_budgets(text: str) -> list[int]:
@@ -160,7 +162,8 @@ def derive(cfg: EvalConfig) -> Derived:
                    dtype=compute_dtype(cfg.dtype, device, cfg.model),
                    out=Path(cfg.out.format(env=cfg.env.replace(":", "_"), model=name)), model=policy_dir(cfg.model),
                    env_options=framings.env_options(cfg.prompt_style, cfg.env, json.loads(cfg.env_options)),
-                   framing=framings.make(cfg.prompt_style, cfg.env, cfg.instructions_file))
+                   framing=framings.make(cfg.prompt_style, cfg.env, cfg.instructions_file),
+                   chat_options=json.loads(cfg.chat_template_options))
 
 
 def check(cfg: EvalConfig) -> str | None:
@@ -172,6 +175,8 @@ def check(cfg: EvalConfig) -> str | None:
         return f"--env {cfg.env!r}: {exc}"
     options, problem = env_options(cfg.env_options, '{"seed": 1}')
     if problem:
+        return problem
+    if problem := env_options(cfg.chat_template_options, '{"enable_thinking": false}', "--chat-template-options")[1]:
         return problem
     if cfg.tasks and cfg.tasks_file:
         return "--tasks and --tasks-file both choose the tasks; give one of them"
@@ -222,7 +227,9 @@ def check(cfg: EvalConfig) -> str | None:
     saved = d.out / "config.json"
     if saved.exists():  # a resume must not mix transcripts of a different model or decoding
         old, new = json.loads(saved.read_text()), identity(cfg, d)
-        diff = [f"{key} {old.get(key)!r} -> {new[key]!r}" for key in new if old.get(key) != new[key]]
+        # a key an older evaluation did not record counts as its default
+        old = {key: old.get(key, getattr(EvalConfig, key, None)) for key in new}
+        diff = [f"{key} {old[key]!r} -> {new[key]!r}" for key in new if old[key] != new[key]]
         if diff:
             return f"--out {d.out} holds an evaluation with other settings ({'; '.join(diff)}); use another --out"
     return None
@@ -327,7 +334,7 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
         resolve_model(d.model)
     dist.barrier()
     model_dir = resolve_model(d.model)
-    chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir), model_dir)
+    chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir), model_dir, d.chat_options)
     engine = make_engine(model_dir, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.seed + rank,
                          gpu_memory_utilization=cfg.gpu_memory_utilization, max_seqs=cfg.chunk * cfg.k,
                          compile=cfg.compile_generator)

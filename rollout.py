@@ -41,6 +41,18 @@ from gigpo import state_key
 REPLY, OBS = "<<REPLY-PLACEHOLDER>>", "<<OBSERVATION-PLACEHOLDER>>"
 
 
+def template_variables(source, options: dict) -> set[str]:
+    """The variables a Jinja chat template reads from outside (`options`' names when it cannot be parsed
+    here, e.g. a template with transformers' own tags: then nothing is refused)."""
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        return meta.find_undeclared_variables(jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(source))
+    except (jinja2.TemplateError, TypeError):
+        return set(options)
+
+
 class ChatFormat:
     """Turns chat messages into token ids through the tokenizer's own chat template.
 
@@ -62,6 +74,10 @@ class ChatFormat:
     def __init__(self, tokenizer, model_dir: str | None = None, template_options: dict | None = None):
         self.tok = tokenizer
         self.options = dict(template_options or {})  # passed to the template, e.g. {"enable_thinking": False}
+        unread = sorted(set(self.options) - template_variables(tokenizer.chat_template, self.options)) if self.options else []
+        if unread:  # a misspelt option would change nothing, silently
+            raise ValueError(f"the chat template reads no {', '.join(unread)}: drop it from --chat-template-options "
+                             "(or check its spelling against the model's tokenizer_config.json)")
         reply, obs = (lambda k: f"{REPLY[:-2]}-{k}>>"), (lambda k: f"{OBS[:-2]}-{k}>>")
         convo = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
         for k in (1, 2):

@@ -92,7 +92,7 @@ def setup(argv) -> Run:
     seed = seeded(cfg, rank)
     origin = weights_origin(cfg, out, rank, resume_from)
     tokenizer = AutoTokenizer.from_pretrained(origin.policy)
-    chat = ChatFormat(tokenizer, origin.policy)
+    chat = ChatFormat(tokenizer, origin.policy, d.chat_options)
     with peaks.phase("load"):  # the models read and sharded (infra/peaks.py: each phase's peak memory)
         models, ref = load_models(cfg, d, world, origin)
         optimizers, schedulers, start = training_state(cfg, models, resume_from, rank, world)

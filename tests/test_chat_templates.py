@@ -190,3 +190,43 @@ def test_a_template_without_a_constant_delta_is_refused_in_one_line(model_dir, t
     with pytest.raises(ValueError, match="cannot be played token-exactly") as err:
         ChatFormat(tok)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_chat_template_options_from_the_command_line_reach_the_template(model_dir, thinking, tmp_path):
+    """--chat-template-options '{"enable_thinking": ...}' through train.py's and evaluate.py's parsed and
+    checked configs into Qwen3's template: thinking off opens every reply with an empty reasoning block."""
+    import json
+
+    import checks
+    import config
+    import evaluate
+
+    flag = ["--chat-template-options", json.dumps({"enable_thinking": thinking})]
+    train_cfg, eval_cfg = config.parse(flag + ["--out", str(tmp_path / "run")]), evaluate.parse(flag)
+    assert checks.check(train_cfg, 1) is None and evaluate.check(eval_cfg) is None
+    expected = EXPECTED["qwen3-thinking" if thinking else "qwen3-no-thinking"]
+    for options in (checks.derive(train_cfg).chat_options, evaluate.derive(eval_cfg).chat_options):
+        assert options == {"enable_thinking": thinking}
+        chat = ChatFormat(chat_for(model_dir, "qwen3-thinking").tok, template_options=options)
+        ids = chat.prompt(SYSTEM, "OBS")
+        assert chat.tok.decode(ids) == expected[0][0] + "OBS" + expected[0][1]
+        assert chat.tok.decode(chat.observation("OBS", stopped=True)) == "\n" + expected[1][0] + "OBS" + expected[1][1]
+
+
+@pytest.mark.parametrize("text, words", [("{not json", "--chat-template-options is not a JSON object"),
+                                         ("[1]", "--chat-template-options must be a JSON object")])
+def test_chat_template_options_that_are_no_json_object_are_one_line(text, words):
+    import checks
+    import config
+    import evaluate
+
+    for problem in (checks.check(config.parse(["--chat-template-options", text]), 1),
+                    evaluate.check(evaluate.parse(["--chat-template-options", text]))):
+        assert problem.startswith(words) and "\n" not in problem
+
+
+def test_a_chat_template_option_the_template_does_not_read_is_refused(model_dir):
+    tok = chat_for(model_dir, "qwen3-thinking").tok
+    with pytest.raises(ValueError, match="the chat template reads no enable_thinkng: drop it"):
+        ChatFormat(tok, template_options={"enable_thinkng": False})
