@@ -6,6 +6,8 @@
 #                                        preset run's warm start when runs/ holds it)
 #   bash run.sh train [train.py flags]   train.py with those flags (2 ranks), e.g. --env textcraft for the tiny model
 #   bash run.sh test  [pytest flags]     run the test suite
+#   bash run.sh python [args]            the venv's python, e.g. -m envs.openenv_serve --env textcraft (its
+#                                        bin/ first on the PATH: torchrun, openenv, tensorboard are the venv's)
 # Set-up: creates .venv (or refreshes it when requirements.txt changed) with the exact pinned packages,
 # and installs Debian's chromium when it is missing (as root), the browser of `--env-options '{"backend": "browser"}'`
 # and of `--env miniwob`. Ranks start through infra/lifeline.py: torchrun itself, ending with one readable line
@@ -113,5 +115,7 @@ print(c['env_options'].replace(' ', ''), max(schedule.parse(c['horizon']).budget
     echo "result folder: $results (python -m lab.report $results prints its tables)" ;;
   test)  # two workers, one test file each at a time (a file's tests share its fixtures); -n 0: one process
     exec python -m pytest -n "${WORKERS:-2}" --dist loadfile "$@" ;;
-  *) echo "usage: bash run.sh train [flags] | bash run.sh test [pytest flags]" >&2; exit 2 ;;
+  python)
+    exec python "$@" ;;
+  *) echo "usage: bash run.sh train [flags] | bash run.sh test [pytest flags] | bash run.sh python [args]" >&2; exit 2 ;;
 esac

@@ -112,3 +112,20 @@ def test_pointers_to_readme_sections_name_one():
     assert pointers, "no pointer found; is the notation still parsed?"
     stale = [f"{p}: README, {title!r}" for p, title in pointers if title.strip() not in headings]
     assert not stale, f"pointers to README sections that are not there: {stale}"
+
+
+SET_UP = ("bash run.sh ", "bash bench/", ".venv/bin/", "source .venv/bin/activate", "python3.11 -m venv ", ".venv-gpu/bin/")
+
+
+def test_every_command_in_a_code_block_runs_in_a_fresh_shell():
+    """Each command of a ```bash block starts with what the set-up provides (run.sh and its .venv, the
+    prerequisites' python3.11): a bare `python` or `torchrun` is the shell's, not the venv's."""
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+        continued = False
+        for line in block.splitlines():
+            command, continued, was = line.split("#")[0].strip(), line.rstrip().endswith("\\"), continued
+            if was or not command:
+                continue
+            for part in re.split(r"&&|\|\||;|\|", command):
+                part = re.sub(r"^(\w+=\S*\s+)+", "", part.strip())  # VAR=value before the command
+                assert part.startswith(SET_UP), f"README: {part!r} needs the venv: write `bash run.sh python ...`"
