@@ -49,6 +49,13 @@ def tasks_for_step(train_ids: list[int], step: int, count: int, seed: int) -> li
     return out
 
 
+def play_seed(seed: int, step: int) -> int:
+    """The seed a training step's rollout samples with (rollout.Play.seed; each reply's own seed is hashed from
+    it, rollout.reply_seed): a pure function of the run's seed and the step, so a resumed run samples as an
+    uninterrupted one. Step -1 is the in-training evaluation's; the self-imitation control plays as step 3."""
+    return (seed * 7919 + step) * 131
+
+
 def rank_share(tasks: list[int], samples: int, rank: int, world: int) -> list[tuple[int, int]]:
     """This rank's (task, group) pairs, group = the task's slot in the step: `samples // world` of every
     group when `world` divides `samples`, else a contiguous slice of the task-major list of episodes."""

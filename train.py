@@ -44,7 +44,7 @@ from infra import budget, checkpoint, faults, lifeline, peaks
 from infra.peaks import phase
 from infra.distributed import all_max, all_sum, print0, sync
 from infra.runlog import log_episodes, log_outcomes, memory_metrics, phase_metrics, rollout_metrics, trim_heap
-from stepplan import rank_share, tasks_for_step
+from stepplan import play_seed, rank_share, tasks_for_step
 from infra import passes
 from infra.passes import micro_batches, pad
 from rollout import play_rounds, rollout
@@ -69,20 +69,20 @@ class Scored:
 
 
 def update(cfg, models: dict, optimizers: dict, s: Scored, schedulers: dict | None = None, seed: int = 0,
-           apply: bool = True, extra_gradient=None, reduce=None) -> dict:
+           apply: bool = True, extra_gradient=None) -> dict:
     """Step (4): `ppo_epochs` x `mini_batches` optimizer steps over the batch, each accumulating micro-batches
     within the token budget. Every term is aggregated by `cfg.agg` with one normaliser, the mini-batch's
     policy tokens (or sequences) over all ranks, so the gradient does not depend on the split and the KL
     keeps its weight under every aggregation. `apply` False keeps the gradients for a later step
     (--min-groups); `extra_gradient` (an object with `backward(policy)`: --bc-anchor, studies.py) adds its
-    gradient before each optimizer step; `reduce`: (sum, max) over processes, default all ranks. The
-    machinery (silent rows, packing, deferred reduction, statistics) is infra/passes.py's. Returns the
-    update's figures over all ranks (`passes.Stats.result`)."""
+    gradient before each optimizer step. The machinery (silent rows, packing, deferred reduction,
+    statistics) is infra/passes.py's. Returns the update's figures over all ranks (`passes.Stats.result`);
+    one process (`python train.py`, a test) is rank 0 of a group of one."""
     if s.old is None and (cfg.ppo_epochs > 1 or cfg.mini_batches > 1):
         raise ValueError("old=None (on-policy) needs ppo_epochs == 1 and mini_batches == 1: later updates "
                          "need the logprobs from before the first one (score the batch first)")
     policy, critic = models["policy"], models.get("critic")
-    (reduce_sum, reduce_max), world = reduce or (all_sum, all_max), dist.get_world_size() if reduce is None else 1
+    world = dist.get_world_size()
     fast = dict(shared_prefix=cfg.shared_prefix, fused_head=cfg.fused_head)  # opt-in fast paths, the same gradient
     mask, kl_coef = s.batch["mask"], 0.0 if s.kl_in_reward else cfg.kl_coef
     silent, defer = passes.silent_rows(cfg, models, s), passes.defers(cfg, models, world, extra_gradient)
@@ -91,11 +91,11 @@ def update(cfg, models: dict, optimizers: dict, s: Scored, schedulers: dict | No
         order = torch.randperm(len(s.adv), generator=gen).tolist()
         for part in range(cfg.mini_batches):
             rows = order[part::cfg.mini_batches]
-            tokens, seqs = reduce_sum(mask[rows].sum(), len(rows))  # all ranks' rows, silent ones included
+            tokens, seqs = all_sum(mask[rows].sum(), len(rows))  # all ranks' rows, silent ones included
             norm = {"token-mean": tokens, "seq-mean-token-mean": seqs, "seq-sum-norm": seqs * cfg.max_context}[cfg.agg]
             live = [r for r in rows if r not in silent]
             stats.sums["skipped_rows"] += len(rows) - len(live)
-            for mb in passes.packed(live, s.batch, cfg, reduce_max):
+            for mb in passes.packed(live, s.batch, cfg, all_max):
                 passes.gradient_sync(models, not defer or mb.last)
                 lp, ent = forward(policy, s.batch, mb.rows, cfg.temperature, entropy=True, width=mb.width,
                                   entropy_grad=cfg.entropy_coef > 0, policy_only=True, **fast)
@@ -127,7 +127,7 @@ def update(cfg, models: dict, optimizers: dict, s: Scored, schedulers: dict | No
                 stats.grad_norm += norm if key == "policy" else 0.0
                 stats.idle_steps += key == "policy" and norm == 0.0
             stats.updates += 1
-    return stats.result(reduce_sum)
+    return stats.result(all_sum)
 
 
 # ------------------------------------------------------------------ advantages over all ranks
@@ -188,8 +188,8 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     mine = rank_share(tasks, cfg.samples_per_task, run.rank, run.world)  # every rank a part of every group
     with phase("generate"):  # its seconds split into generation, env steps and the rest (rollout's own timing)
         run.engine.wake()
-        episodes, rt = rollout(run.engine, run.chat, run.env_pool, run.make_env, mine, run.play(
-            horizon, seed=(cfg.seed * 7919 + step) * 131), run.threads, run.rank * run.per_rank)
+        episodes, rt = rollout(run.engine, run.chat, run.env_pool, run.make_env, mine,
+                               run.play(horizon, play_seed(cfg.seed, step)), run.threads, run.rank * run.per_rank)
         run.engine.sleep()
     timing.update({f"time/{k}": v for k, v in rt.items()})
     trim(cfg, timing)  # what generation freed, back to the system before the update (--trim-heap)
@@ -337,7 +337,7 @@ def quick_eval(run: Run, step: int, name: str = "eval") -> dict:
     lo, hi = rank * len(val_ids) // world, (rank + 1) * len(val_ids) // world  # contiguous: seeds follow the index
     mine = val_ids[lo:hi]
     eps = play_rounds(run.engine, run.chat, run.env_pool, run.make_env, [(t, j % len(run.env_pool)) for j, t in
-                      enumerate(mine)], run.play(turns, seed=(cfg.seed * 7919 - 1) * 131), run.threads, lo)  # "step -1"
+                      enumerate(mine)], run.play(turns, play_seed(cfg.seed, -1)), run.threads, lo)
     log_outcomes(run.out / "evals.jsonl", step, name, eps, run.env_pool[0].subtask, turns)  # the curve, per task
     reward, success, n = all_sum(sum(e.reward for e in eps), sum(e.success for e in eps), len(mine))
     return {f"{name}/reward": reward / max(n, 1), f"{name}/success": success / max(n, 1)}

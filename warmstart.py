@@ -44,6 +44,7 @@ from infra.passes import DUMMY_WIDTH, micro_batches, pad
 from infra.runlog import trim_heap
 from framing import Framing
 from rollout import ChatFormat, Episode, Expert, Play, play_rounds
+from stepplan import play_seed
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def demonstrations(ground: Playground, count: int, seed: int, what: str = "warm 
     mine = tasks[lo:(g.rank + 1) * len(tasks) // g.world] if actor == "policy" else tasks[g.rank::g.world]
     if actor == "policy":
         g.engine.wake()  # its KV cache back (run() synced the weights in)
-        play = g.play(turns, (seed * 7919 + 3) * 131)
+        play = g.play(turns, play_seed(seed, 3))
         played, size, clock, limit = [], len(g.env_pool), g.cfg.budget_clock, g.cfg.bc_play_seconds
         start, rounds = budget.now(clock), all_max(-(-len(mine) // size))
         for r in range(rounds):  # every rank the same rounds: the budget check is collective

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM
 import batch as B
 from infra import memplan, passes
 from models.tiny import tiny_model_dir
+from tests.support.one_rank import one_rank  # noqa: F401 (a fixture)
 
-ONE_PROCESS = (lambda *xs: [float(x) for x in xs], lambda n: n)  # train.update's reductions in one process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -163,7 +163,7 @@ def two_turn_batch(vocab: int, rows: int = 4) -> dict:
     return B.collate(episodes, 0)
 
 
-def test_rows_with_zero_advantage_are_skipped_without_changing_the_update():
+def test_rows_with_zero_advantage_are_skipped_without_changing_the_update(one_rank):
     """train.update skips the forward/backward of rows whose advantage is 0 everywhere (GRPO's constant
     groups) when nothing else touches them: the parameters after the step equal the unskipped run's."""
     import copy
@@ -182,8 +182,7 @@ def test_rows_with_zero_advantage_are_skipped_without_changing_the_update():
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         # a reference at zero KL weight changes no gradient but makes every row "touched": no skipping
         ref = B.score(model, batch, [[0, 1, 2, 3]], 1.0) if force_all else None
-        stats = train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batch, adv, adv, ref=ref),
-                             reduce=ONE_PROCESS)
+        stats = train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batch, adv, adv, ref=ref))
         results.append((model, stats["skipped_rows"]))
     (skipping, skipped), (full, none_skipped) = results
     assert skipped == 2 and none_skipped == 0
@@ -192,7 +191,7 @@ def test_rows_with_zero_advantage_are_skipped_without_changing_the_update():
     assert any(not torch.equal(p, q) for p, q in zip(skipping.parameters(), base.parameters()))
 
 
-def test_held_back_gradients_add_up_to_one_step_on_both_batches():
+def test_held_back_gradients_add_up_to_one_step_on_both_batches(one_rank):
     """--min-groups: update(apply=False) leaves the weights as they were and keeps its gradients; the next
     update(apply=True) steps on the sum of both batches' gradients, each taken at the same weights."""
     import copy
@@ -211,7 +210,7 @@ def test_held_back_gradients_add_up_to_one_step_on_both_batches():
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         for i, apply in steps:
             train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batches[i], advs[i], advs[i]),
-                         apply=apply, reduce=ONE_PROCESS)
+                         apply=apply)
             if not apply:  # held back: unchanged weights, gradients kept for the next step
                 assert all(torch.equal(p, q) for p, q in zip(model.parameters(), base.parameters()))
                 assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
@@ -223,7 +222,7 @@ def test_held_back_gradients_add_up_to_one_step_on_both_batches():
     assert any(not torch.equal(p, b) for p, b in zip(pooled.parameters(), base.parameters()))
 
 
-def test_an_update_with_only_constant_groups_leaves_weights_and_adam_state_unchanged():
+def test_an_update_with_only_constant_groups_leaves_weights_and_adam_state_unchanged(one_rank):
     """After a real AdamW step, a batch whose every group is constant (advantage 0 everywhere) has an
     exactly-zero gradient; Adam would still move every weight by its momentum. train.update must leave
     the weights, the optimizer's step count and the schedule as they were, and count the idle step."""
@@ -241,13 +240,13 @@ def test_an_update_with_only_constant_groups_leaves_weights_and_adam_state_uncha
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
         informative = batch["mask"] * torch.tensor([1.0, -1.0, 1.5, -0.5])[:, None]
         stats = train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batch, informative, informative),
-                             {"policy": sched}, reduce=ONE_PROCESS)
+                             {"policy": sched})
         assert stats["idle_steps"] == 0
         before = copy.deepcopy(model.state_dict())
         steps, lr = opt.state[next(iter(model.parameters()))]["step"].item(), sched.get_last_lr()[0]
         constant = batch["mask"] * 0.0
         stats = train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batch, constant, constant),
-                             {"policy": sched}, reduce=ONE_PROCESS)
+                             {"policy": sched})
         assert stats["idle_steps"] == 1 and stats["skipped_rows"] == 4 and stats["grad_norm"] == 0.0
         for k, v in model.state_dict().items():
             assert torch.equal(v, before[k]), k
@@ -255,7 +254,7 @@ def test_an_update_with_only_constant_groups_leaves_weights_and_adam_state_uncha
         assert sched.get_last_lr()[0] == lr
         # the next informative batch steps again
         stats = train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batch, informative, informative),
-                             {"policy": sched}, reduce=ONE_PROCESS)
+                             {"policy": sched})
         assert stats["idle_steps"] == 0 and opt.state[next(iter(model.parameters()))]["step"].item() == 2
 
 
@@ -273,7 +272,7 @@ def test_each_training_reward_and_the_success_bonus():
     assert [e.reward for e in eps] == [-1.0, 0.3, 1.0]  # untouched
 
 
-def test_logged_per_token_statistics_are_means_over_the_tokens_they_were_computed_on():
+def test_logged_per_token_statistics_are_means_over_the_tokens_they_were_computed_on(one_rank):
     """Half the rows skipped (a constant group, no KL): the logged entropy is the mean over the trained rows'
     policy tokens, and clip_frac the share of those tokens that were clipped. Dividing by every row's tokens,
     skipped ones included, halved both (metrics.jsonl's entropy before this test)."""
@@ -292,8 +291,7 @@ def test_logged_per_token_statistics_are_means_over_the_tokens_they_were_compute
     want_entropy = float((ent.double() * m).sum() / m.sum())
     want_clip = float(m[0].sum() / m.sum())                                # row 2's tokens (A > 0) of rows 2, 3
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    stats = train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batch, adv, adv, old=old),
-                         reduce=ONE_PROCESS)
+    stats = train.update(cfg, {"policy": model}, {"policy": opt}, train.Scored(batch, adv, adv, old=old))
     assert stats["skipped_rows"] == 2 and want_clip == 0.5
     assert stats["entropy"] == pytest.approx(want_entropy, rel=1e-5)
     assert stats["clip_frac"] == pytest.approx(want_clip, rel=1e-6)

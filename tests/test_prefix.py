@@ -18,6 +18,7 @@ from infra import prefix
 import train
 from rollout import Episode
 from models.tiny import tiny_model_dir
+from tests.support.one_rank import one_rank  # noqa: F401 (a fixture)
 
 
 def episodes(vocab: int, seed: int = 0, groups: int = 3, size: int = 4) -> list[Episode]:
@@ -185,14 +186,14 @@ def run_update(algo: str, dtype, checkpointing: bool, shared: bool, base, critic
                                 A.Options(kl_coef=cfg.kl_coef if kl_in_reward else 0.0))
     opts = {k: Recorder(m) for k, m in models.items()}
     scored = train.Scored(batch, adv, returns, old, None if kl_in_reward else ref_lp, values, kl_in_reward)
-    stats = train.update(cfg, models, opts, scored, reduce=(lambda *xs: [float(x) for x in xs], lambda n: n))
+    stats = train.update(cfg, models, opts, scored)
     return {"stats": stats, "grads": {k: o.grads for k, o in opts.items()}}
 
 
 @pytest.mark.parametrize("algo", ["grpo", "rloo", "reinforce++", "ppo"])
 @pytest.mark.parametrize("dtype, checkpointing", [(torch.float32, False), (torch.float32, True),
                                                   (torch.bfloat16, False), (torch.bfloat16, True)])
-def test_shared_prefix_update_has_the_plain_gradient(tiny, algo, dtype, checkpointing):
+def test_shared_prefix_update_has_the_plain_gradient(tiny, algo, dtype, checkpointing, one_rank):
     critic = AutoModelForTokenClassification.from_pretrained(tiny_model_dir(), num_labels=1, dtype=torch.float32)
     runs = [run_update(algo, dtype, checkpointing, shared, tiny, critic, tiny.config.vocab_size)
             for shared in (True, False)]
@@ -291,18 +292,23 @@ def test_shared_prefix_update_under_fsdp2_has_the_plain_gradient():
         assert result["bfloat16"][0] < 1e-2 and result["bfloat16"][1] < 0.06, result
 
 
-def _fsdp2_against_one_process(rank):
-    """train.update under FSDP2, each rank its 6 episodes in several micro-batches (on CPU the gradients
-    are reduced once, after the last), against one process updating on all 12: the same gradient."""
+def fsdp2_setting():
+    """The model, the 12 episodes, their advantages and the config of the FSDP2 comparison below."""
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.float32)
+    full = B.collate(episodes(base.config.vocab_size), 0)
+    adv, _ = A.advantages("grpo", A.Step(full["rewards"], full["groups"], full["mask"]))
+    return base, full, adv, configs.Config(kl_coef=0.0, micro_tokens=40, grad_clip=1e9, shared_prefix=False)
+
+
+def _fsdp2_update(rank):
+    """train.update under FSDP2, each rank its 6 of the 12 episodes in several micro-batches (on CPU the
+    gradients are reduced once, after the last): the number of micro-batches and the full gradients."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from infra import distributed
 
     mesh = init_device_mesh("cpu", (2,))
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.float32)
-    full = B.collate(episodes(base.config.vocab_size), 0)
-    adv, _ = A.advantages("grpo", A.Step(full["rewards"], full["groups"], full["mask"]))
-    cfg = configs.Config(kl_coef=0.0, micro_tokens=40, grad_clip=1e9, shared_prefix=False)
+    base, _, adv, cfg = fsdp2_setting()
     model = distributed.shard(copy.deepcopy(base), mesh, "float32", False)
     mine = B.collate(episodes(base.config.vocab_size)[rank * 6:(rank + 1) * 6], 0)
     rec = Recorder(model)
@@ -310,15 +316,17 @@ def _fsdp2_against_one_process(rank):
     train.update(cfg, {"policy": model}, {"policy": rec}, train.Scored(mine, mine_adv, mine_adv))
     lengths = mine["attn"].sum(1)
     micro = len(P.micro_batches(list(range(6)), lengths, cfg.micro_tokens))
-    grads = [g.full_tensor() for g in rec.grads[0]]
-    one = Recorder(base)
-    train.update(cfg, {"policy": base}, {"policy": one}, train.Scored(full, adv, adv),
-                 reduce=(lambda *xs: [float(x) for x in xs], lambda n: n))
-    return micro, max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, one.grads[0]))
+    return micro, [g.full_tensor().numpy() for g in rec.grads[0]]  # arrays: sent back by plain pickling
 
 
-def test_fsdp2_update_over_micro_batches_has_the_one_process_gradient():
+def test_fsdp2_update_over_micro_batches_has_the_one_process_gradient(one_rank):
+    """Those gradients equal one process's (this one, rank 0 of 1) updating on all 12 episodes."""
     from tests.test_distributed import spawn
 
-    for micro, err in spawn(_fsdp2_against_one_process, "gloo"):
+    sharded = spawn(_fsdp2_update, "gloo")
+    base, full, adv, cfg = fsdp2_setting()
+    one = Recorder(base)
+    train.update(cfg, {"policy": base}, {"policy": one}, train.Scored(full, adv, adv))
+    for micro, grads in sharded:
+        err = max(float((torch.from_numpy(a) - b).abs().max() / b.abs().max()) for a, b in zip(grads, one.grads[0]))
         assert micro >= 2 and err < 1e-5, (micro, err)

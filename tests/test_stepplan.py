@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from stepplan import rank_share, tasks_for_step
+from stepplan import play_seed, rank_share, tasks_for_step
 
 
 @pytest.mark.parametrize("tasks, samples, world", [(8, 8, 2), (8, 4, 2), (3, 6, 3), (4, 3, 2), (5, 2, 1)])
@@ -23,6 +23,12 @@ def test_tasks_are_a_pure_function_of_the_step_and_cover_an_epoch():
     assert tasks_for_step(ids, 2, 4, 7) == tasks_for_step(ids, 2, 4, 7)
     first_epoch = tasks_for_step(ids, 0, 5, 7) + tasks_for_step(ids, 1, 5, 7)
     assert sorted(first_epoch) == ids
+
+
+def test_each_step_samples_with_a_seed_of_its_own_and_the_published_runs_keep_theirs():
+    seeds = [play_seed(seed, step) for seed in range(3) for step in range(-1, 500)]
+    assert len(set(seeds)) == len(seeds)  # no two steps (nor the evaluation's "step -1") share a rollout seed
+    assert play_seed(2, 7) == (2 * 7919 + 7) * 131  # the formula the committed results were sampled with
 
 
 def test_curriculum_favours_levels_with_informative_groups_and_replays_on_resume(tmp_path):
