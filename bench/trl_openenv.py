@@ -134,7 +134,7 @@ def main() -> None:
     import envs
     from bench.machine import cpu_name
     from models import tiny
-    from tests.test_openenv import free_port
+    from bench.serve_load import free_port
 
     port, model_dir = free_port(), tiny.tiny_model_dir()
     tasks = envs.make(args.env).tasks("train")[:8]
