@@ -300,7 +300,7 @@ def fsdp2_setting():
     return base, full, adv, configs.Config(kl_coef=0.0, micro_tokens=40, grad_clip=1e9, shared_prefix=False)
 
 
-def _fsdp2_update(rank):
+def _fsdp2_micro_batched(rank):
     """train.update under FSDP2, each rank its 6 of the 12 episodes in several micro-batches (on CPU the
     gradients are reduced once, after the last): the number of micro-batches and the full gradients."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -323,7 +323,7 @@ def test_fsdp2_update_over_micro_batches_has_the_one_process_gradient(one_rank):
     """Those gradients equal one process's (this one, rank 0 of 1) updating on all 12 episodes."""
     from tests.test_distributed import spawn
 
-    sharded = spawn(_fsdp2_update, "gloo")
+    sharded = spawn(_fsdp2_micro_batched, "gloo")
     base, full, adv, cfg = fsdp2_setting()
     one = Recorder(base)
     train.update(cfg, {"policy": base}, {"policy": one}, train.Scored(full, adv, adv))
