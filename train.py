@@ -18,8 +18,9 @@ is one step of AgentGym-RL (section 3; ScalingInter-RL, section 3.3), numbered a
   5. weight sync: full parameters streamed into every rank's generator (`distributed.sync`);
   6. log, evaluate on the validation split, checkpoint (`log_step`, `save`).
 
-The project's own studies beside the method (studies.py) reach a step through `run.studies`'s hooks, which
-give back their input unchanged when every study is off (the default).
+The project's own studies beside the method (studies.py) reach a step at two points, `run.studies.tasks`
+before the rollout and `run.studies.advantages` around step 3, which give back the method's own values
+when every study is off (the default).
 
 Paper mode: `--tasks-file` trains on an AgentGym-RL-Data-ID task list and `--prompt-style agentgym`
 frames episodes as AgentGym's clients did (docs/paper.md, "Comparing with the paper").
@@ -194,21 +195,20 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     timing.update({f"time/{k}": v for k, v in rt.items()})
     trim(cfg, timing)  # what generation freed, back to the system before the update (--trim-heap)
     batch = collate(episodes, run.tokenizer.pad_token_id or 0, cfg.reward, cfg.success_bonus)
-    batch["rewards"] = run.studies.rewards(episodes, batch["rewards"])
     # (2) logprobs before the update: the "old" policy, the reference, the critic's values
     with phase("logprobs", timing):
         old, ref_lp, values = score_batch(run, batch)
-    # (3) advantages, with group statistics over the whole step (algorithms.advantages)
-    token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * batch["mask"] if run.kl_in_reward else None
-    adv, returns = global_advantages(cfg, d, batch, values, token_kl)
-    adv = run.studies.advantages(adv)
+    # (3) advantages, with group statistics over the whole step (algorithms.advantages), through the studies'
+    # second hook: what they change of the rewards, the advantages and the update (studies.py; none by default)
     out_of_time, last, saves, used = step_end(run, step, clock0)
-    extra, stepped = run.studies.observe(step, tasks, mine, batch["rewards"], saves)
-    log_episodes(run.out, step, cfg, episodes, batch, adv, run.tokenizer, run.env_pool)  # a few, at eval steps
+    token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * batch["mask"] if run.kl_in_reward else None
+    shaped = run.studies.advantages(step, episodes, batch, saves,
+                                    lambda: global_advantages(cfg, d, batch, values, token_kl))
+    log_episodes(run.out, step, cfg, episodes, batch, shaped.adv, run.tokenizer, run.env_pool)  # a few, at eval steps
     # (4) the update: epochs x mini-batches x micro-batches, every loss over the global token count
     with phase("update", timing):
-        stats = update(cfg, run.models, run.optimizers, Scored(batch, adv, returns, old, ref_lp, values,
-                       run.kl_in_reward), run.schedulers, cfg.seed * 31 + step, stepped, run.studies.anchor)
+        stats = update(cfg, run.models, run.optimizers, Scored(batch, shaped.adv, shaped.returns, old, ref_lp, values,
+                       run.kl_in_reward), run.schedulers, cfg.seed * 31 + step, shaped.stepped, shaped.anchor)
     trim(cfg, timing)  # and what the update freed, before the engine wakes
     # (5) weight sync into this rank's generator
     with phase("sync", timing):
@@ -217,7 +217,7 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     # (6) log, evaluate on the validation split, checkpoint
     run.spent += budget.now(cfg.budget_clock) - clock0
     timing.update({"time/step": time.perf_counter() - t0, "time/cpu_step": time.process_time() - cpu0})
-    metrics = {**rollout_metrics(episodes, horizon), **first, **extra, **batch.get("metrics", {})}
+    metrics = {**rollout_metrics(episodes, horizon), **first, **shaped.metrics, **batch.get("metrics", {})}
     if used is not None:
         metrics["budget/used"] = used
     log_step(run, step, metrics, stats, timing, last)

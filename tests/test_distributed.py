@@ -90,7 +90,7 @@ def _collectives(rank):
         out[algo] = float((adv - ref[share]).abs().max())
         out[algo + "_nonzero_const_group"] = int(torch.count_nonzero(adv[: 4 - 4 * rank]) if rank == 0 else 0)
         cfg = configs.Config(algo=algo, kl_coef=0.0, positive_only=True)  # the positive part, nothing else
-        pos = Studies(cfg).advantages(train.global_advantages(cfg, d, mine, None, None)[0])
+        pos = Studies(cfg).advantages(0, [], mine, False, lambda: train.global_advantages(cfg, d, mine, None, None)).adv
         out[algo + "_positive"] = float((pos - ref[share].clamp(min=0)).abs().max())
         out[algo + "_most_negative"] = float(ref.min())  # there is something to clamp
     return out

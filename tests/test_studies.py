@@ -25,14 +25,27 @@ def test_the_method_files_name_no_study():
         assert not names & set(FLAGS), (name, names & set(FLAGS))
 
 
-def test_every_hook_is_the_identity_by_default():
+def test_both_hooks_give_the_method_its_own_values_by_default():
     studies = Studies(configs.Config())
-    adv = torch.tensor([[-1.0, 0.5], [2.0, 0.0]])
+    adv, returns = torch.tensor([[-1.0, 0.5], [2.0, 0.0]]), torch.tensor([[-1.0, 0.5], [2.0, 0.0]])
     eps = [Episode(0, 0, [1], 1, reward=0.5, refused=3), Episode(1, 0, [1], 1, reward=0.0)]
     rewards = torch.tensor([0.5, 0.0])
-    assert studies.tasks(3) is None and studies.anchor is None
-    assert studies.advantages(adv) is adv and studies.rewards(eps, rewards) is rewards
-    assert studies.observe(0, [], [], rewards, False) == ({}, True)
+    batch = {"rewards": rewards, "groups": torch.tensor([0, 0])}
+    assert studies.tasks(3) is None
+    read = []  # the rewards the advantages were computed from
+    shaped = studies.advantages(0, eps, batch, False, lambda: (read.append(batch["rewards"]), (adv, returns))[1])
+    assert read == [rewards] and read[0] is rewards and batch["rewards"] is rewards
+    assert shaped.adv is adv and shaped.returns is returns
+    assert shaped.stepped and shaped.metrics == {} and shaped.anchor is None
+
+
+def test_the_reward_study_changes_the_rewards_the_advantages_read():
+    eps = [Episode(0, 0, [1], 1, reward=0.5, refused=3), Episode(1, 0, [1], 1, reward=0.0)]
+    batch = {"rewards": torch.tensor([0.5, 0.0]), "groups": torch.tensor([0, 0])}
+    read = []
+    Studies(configs.Config(refusal_penalty=0.05)).advantages(
+        0, eps, batch, False, lambda: (read.append(batch["rewards"].tolist()), (torch.zeros(2, 1),) * 2)[1])
+    assert read == [pytest.approx([0.35, 0.0])]
 
 
 def test_the_files_below_the_set_up_never_read_its_run():
@@ -56,5 +69,5 @@ def test_refusal_penalty_lowers_the_training_reward_per_refused_turn():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_positive_only_keeps_the_positive_part(dtype):
     adv = torch.tensor([[-1.0, 0.5], [2.0, -0.25]], dtype=dtype)
-    got = Studies(configs.Config(positive_only=True)).advantages(adv)
+    got = Studies(configs.Config(positive_only=True)).positive(adv)
     assert got.dtype == dtype and got.tolist() == [[0.0, 0.5], [2.0, 0.0]]
