@@ -92,7 +92,7 @@ class Config:
     step_weight: float = doc("gigpo: weight of the step-level advantage beside the episode's (its paper: 1)", 1.0)
     lam: float = doc("GAE lambda (ppo)", 1.0)
     grpo_std: bool = doc("divide GRPO advantages by the group std (off: Dr. GRPO, Liu et al. 2025)", True)
-    # behaviour-cloning warm start (warmstart.py): the policy imitates the env's expert before RL
+    # behaviour-cloning warm start (studies/warmstart.py): the policy imitates the env's expert before RL
     bc_episodes: int = doc("expert episodes on train tasks to imitate before RL (0: no warm start; needs env.expert())", 0)
     bc_epochs: int = doc("passes over the expert episodes", 1)
     bc_lr: float = doc("learning rate of the warm start (AdamW)", 5e-5)

@@ -4,8 +4,8 @@ memory planned (`memory_plan`, infra/memplan.py: it may adapt settings, and conf
 `record`), the process group, where the weights come from (`weights_origin`: the model, a warm start, a
 checkpoint), the models loaded into FSDP2 shards (`load_models`, infra/distributed.py) and their optimizers
 (`training_state`), the generator (engine.py), the environments (`environments`), and the warm start when
-there is one (`warm_start`, warmstart.py). `Run` holds what every step reads; the files below this one
-(warmstart.py, studies.py) read a `warmstart.Playground`, never a Run.
+there is one (`warm_start`, studies/warmstart.py). `Run` holds what every step reads; the files below this one
+(studies/: warmstart.py, the hooks) read a `warmstart.Playground`, never a Run.
 Test: tests/test_train.py (every entry runs through here)."""
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ import torch.distributed as dist
 import checks
 import config as configs
 import envs
-import warmstart
 from checks import Derived
 from engine import make_engine
 from envs.agentgym import task_ids
@@ -33,7 +32,7 @@ from infra.distributed import load, print0, setup_distributed, sync
 from infra.runlog import RunLog, trim_heap
 from models import resolve_model
 from rollout import ChatFormat, Play
-from studies import Studies
+from studies import Studies, warmstart
 
 
 @dataclass
@@ -58,7 +57,7 @@ class Run:
     val_ids: list                # the validation tasks of --eval-every
     start: int                   # the first step this process runs (after a resume)
     log: RunLog | None           # rank 0's metrics, plots and progress bar
-    studies: Studies | None = None  # the project's studies beside the method, off by default (studies.py)
+    studies: Studies | None = None  # the project's studies beside the method, off by default (studies/)
     spent: float = 0.0           # seconds of training steps in this process (--rl-seconds)
 
     @property
@@ -276,7 +275,7 @@ def playground(run: Run) -> warmstart.Playground:
 
 
 def warm_start(run: Run, ground: warmstart.Playground, warm_dir: Path) -> None:
-    """The warm start (warmstart.py), with the generator asleep, then its weights synced into the generator."""
+    """The warm start (studies/warmstart.py), with the generator asleep, then its weights synced into the generator."""
     with peaks.phase("warmstart"):
         run.engine.sleep()  # the GPU memory it holds is the warm start's; sync() reloads the weights
         warmstart.run(ground, run.models["policy"], run.ref, warm_dir)

@@ -18,7 +18,7 @@ is one step of AgentGym-RL (section 3; ScalingInter-RL, section 3.3), numbered a
   5. weight sync: full parameters streamed into every rank's generator (`distributed.sync`);
   6. log, evaluate on the validation split, checkpoint (`log_step`, `save`).
 
-The project's own studies beside the method (studies.py) reach a step at two points, `run.studies.tasks`
+The project's own studies beside the method (studies/) reach a step at two points, `run.studies.tasks`
 before the rollout and `run.studies.advantages` around step 3, which give back the method's own values
 when every study is off (the default).
 
@@ -75,7 +75,7 @@ def update(cfg, models: dict, optimizers: dict, s: Scored, schedulers: dict | No
     within the token budget. Every term is aggregated by `cfg.agg` with one normaliser, the mini-batch's
     policy tokens (or sequences) over all ranks, so the gradient does not depend on the split and the KL
     keeps its weight under every aggregation. `apply` False keeps the gradients for a later step
-    (--min-groups); `extra_gradient` (an object with `backward(policy)`: --bc-anchor, studies.py) adds its
+    (--min-groups); `extra_gradient` (an object with `backward(policy)`: --bc-anchor, studies/) adds its
     gradient before each optimizer step. The machinery (silent rows, packing, deferred reduction,
     statistics) is infra/passes.py's. Returns the update's figures over all ranks (`passes.Stats.result`);
     one process (`python train.py`, a test) is rank 0 of a group of one."""
@@ -199,7 +199,7 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     with phase("logprobs", timing):
         old, ref_lp, values = score_batch(run, batch)
     # (3) advantages, with group statistics over the whole step (algorithms.advantages), through the studies'
-    # second hook: what they change of the rewards, the advantages and the update (studies.py; none by default)
+    # second hook: what they change of the rewards, the advantages and the update (studies/; none by default)
     out_of_time, last, saves, used = step_end(run, step, clock0)
     token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * batch["mask"] if run.kl_in_reward else None
     shaped = run.studies.advantages(step, episodes, batch, saves,

@@ -352,7 +352,7 @@ class Protocol:
     def demos(self) -> None:
         """demos.json: the finite set's task ids, drawn as the warm start draws them (warmstart.demo_tasks)."""
         import envs
-        import warmstart
+        from studies import warmstart
         env = envs.make(self.env, **json.loads(self.recipe["env_options"]))
         try:
             ids = warmstart.demo_tasks(env.tasks("train"), self.scale.demo_tasks, self.demo_seed)

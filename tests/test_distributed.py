@@ -272,7 +272,7 @@ def _clone_with_uneven_budgets(rank):
     gives each rank the time its demonstrations left). Returns the steps each rank took."""
     from transformers import AutoModelForCausalLM
 
-    import warmstart
+    from studies import warmstart
     from models import tiny
     from rollout import Episode
 

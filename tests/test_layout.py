@@ -1,11 +1,12 @@
 """The layout shows the architecture: the root holds the algorithm's files and the two entry points, the
-study of runs sits in lab/, and the imports run one way.
+studies beside the method sit in studies/, the study of runs in lab/, and the imports run one way.
 
 The import graph is read from the source with `ast`: every `import` and `from ... import`, those inside
 functions included (an import deferred into a function is still a dependency; deferring one is how a
 circle hides). `from pkg import name` is an arrow to the module pkg.name when that is a file, else to
 pkg itself. Asserted: no circles; nothing outside lab/ imports lab/, except evaluate.py (the entry point
-that measures, with lab's statistics); no module imports an entry point; the root holds exactly ROOT_FILES.
+that measures, with lab's statistics); only the set-up (startup.py) and lab/ import studies/, the project's
+studies beside the method; no module imports an entry point; the root holds exactly ROOT_FILES.
 
     python tests/test_layout.py [DIR]     # the graph's figures (floors, arrows, back-up arrows) of a tree
 """
@@ -18,8 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The algorithm, in the order a reader meets it in a training step, and the two entry points.
 ROOT_FILES = {"train.py", "evaluate.py", "startup.py", "config.py", "rollout.py", "engine.py", "batch.py", "stepplan.py",
-              "framing.py", "algorithms.py", "losses.py", "gigpo.py", "schedule.py", "warmstart.py",
-              "recipes.py", "studies.py", "checks.py"}
+              "framing.py", "algorithms.py", "losses.py", "gigpo.py", "schedule.py", "recipes.py", "checks.py"}
+STUDIES = "studies"  # the project's studies beside the method: reached through its one hook object
+SET_UP = {"startup"}  # the one method-side module that builds the studies' hooks
 ENTRY_POINTS = {"train", "evaluate"}
 LAB = "lab"
 NOT_CODE = {"tests", "bench", "results", "docs", "runs"}  # folders of the root that hold no project module
@@ -161,6 +163,16 @@ def test_the_core_never_imports_the_lab():
     bad = [f"{v} -> {w}" for v in sorted(edges) if not in_lab(v) and v != "evaluate" for w in sorted(edges[v])
            if in_lab(w)]
     assert not bad, "the algorithm and its machinery import the study of runs: " + ", ".join(bad)
+
+
+def test_only_the_set_up_and_the_lab_import_the_studies():
+    """The method's files never import studies/ (the trainer reaches it through the `Studies` object the
+    set-up builds), nor does the machinery."""
+    edges = graph()[0]
+    inside = lambda name: name == STUDIES or name.startswith(STUDIES + ".")  # noqa: E731
+    bad = [f"{v} -> {w}" for v in sorted(edges) if not (inside(v) or in_lab(v) or v in SET_UP)
+           for w in sorted(edges[v]) if inside(w)]
+    assert not bad, "the method or its machinery imports the studies: " + ", ".join(bad)
 
 
 def test_no_module_imports_an_entry_point():

@@ -21,7 +21,7 @@ from infra import checkpoint
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--env", "tests.support.toy:Digits", "--engine", "hf", "--steps", "5", "--save-every", "1", "--horizon", "2",
         "--tasks-per-step", "2", "--samples-per-task", "4", "--max-tokens", "6", "--mini-batches", "2", "--seed", "3",
-        "--curriculum"]  # its weights replay from RUN/curriculum.jsonl on resume (stepplan.py)
+        "--curriculum"]  # its weights replay from RUN/curriculum.jsonl on resume (studies/curriculum.py)
 
 # (fault point, n-th time it is reached in that launch, rank killed) -> what the checkpoints look like after:
 # rollout_turn is reached twice per step (2 turns), update twice per step (2 mini-batches), and each

@@ -33,7 +33,7 @@ from transformers import AutoTokenizer
 import config
 import schedule as schedules
 from models import tiny
-import warmstart
+from studies import warmstart
 from checks import check
 from config import Config
 from envs import Env, agentgym_action, make, parse_action

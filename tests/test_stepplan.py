@@ -32,7 +32,7 @@ def test_each_step_samples_with_a_seed_of_its_own_and_the_published_runs_keep_th
 
 
 def test_curriculum_favours_levels_with_informative_groups_and_replays_on_resume(tmp_path):
-    from stepplan import Curriculum
+    from studies.curriculum import Curriculum
 
     ids = list(range(400))
     level = lambda t: f"L{t % 4}"  # noqa: E731  four levels of 100 tasks
@@ -60,7 +60,7 @@ def test_curriculum_favours_levels_with_informative_groups_and_replays_on_resume
 
 
 def test_accumulation_steps_once_enough_groups_were_informative_and_always_at_a_checkpoint():
-    from stepplan import Accumulation, informative_groups
+    from studies.curriculum import Accumulation, informative_groups
 
     rows = [(0, 1.0), (0, 0.0), (1, 0.0), (1, 0.0), (2, 0.3), (2, 0.3 + 1e-6)]
     assert informative_groups(rows, 4) == [True, False, True, False]  # group 3 has no episode here

@@ -1,4 +1,4 @@
-"""studies.py, the seam between the paper's method and the project's own studies: with every study off each
+"""studies/, the seam between the paper's method and the project's own studies: with every study off each
 hook gives back its input unchanged, and no study is named in the method's files; each study's hook does
 what its flag says."""
 import ast
@@ -49,9 +49,9 @@ def test_the_reward_study_changes_the_rewards_the_advantages_read():
 
 
 def test_the_files_below_the_set_up_never_read_its_run():
-    """warmstart.py and studies.py are given what they read (warmstart.Playground, the models), never
-    startup.Run: the set-up depends on them, not they on it."""
-    for name in ("warmstart.py", "studies.py"):
+    """studies/ (the warm start, the hooks, the curriculum) is given what it reads (warmstart.Playground, the
+    models), never startup.Run: the set-up depends on it, not it on the set-up."""
+    for name in ("studies/warmstart.py", "studies/__init__.py", "studies/curriculum.py"):
         tree = ast.parse((ROOT / name).read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
                    {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoTokenizer
 
 from models import tiny
-import warmstart
+from studies import warmstart
 from envs.babyai import BabyAI
 from rollout import ChatFormat
 

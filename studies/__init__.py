@@ -5,8 +5,8 @@ algorithms.py and batch.py name none of them.
 
 | flag | what it changes | hook (its part) | published |
 |---|---|---|---|
-| --curriculum | a step's tasks: levels weighed by how often their groups were informative (stepplan.py) | `tasks`, `advantages` (`observe`) | docs/results.md (validation) |
-| --min-groups | the optimizer steps only once enough informative groups were added up (stepplan.py) | `advantages` (`observe`) | docs/results.md (validation) |
+| --curriculum | a step's tasks: levels weighed by how often their groups were informative (curriculum.py) | `tasks`, `advantages` (`observe`) | docs/results.md (validation) |
+| --min-groups | the optimizer steps only once enough informative groups were added up (curriculum.py) | `advantages` (`observe`) | docs/results.md (validation) |
 | --refusal-penalty | the training reward, less a penalty per turn the env refused | `advantages` (`rewards`) | results/babyai-grpo-refusal-drgrpo |
 | --positive-only | the advantages' positive part only: a filtered self-imitation of the policy's wins | `advantages` (`positive`) | docs/results.md (validation) |
 | --bc-anchor | an imitation gradient beside RL's in every optimizer step (warmstart.Anchor) | `advantages` (`Shaped.anchor`) | results/babyai-grpo-anchor |
@@ -22,8 +22,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-import warmstart
-from stepplan import Accumulation, Curriculum, informative_groups
+from studies import warmstart
+from studies.curriculum import Accumulation, Curriculum, informative_groups
 
 
 @dataclass
