@@ -7,7 +7,7 @@ is computed from the logits at position t-1 (0 on the prompt and on padding).
 The plain path (the default): the model's own forward, then its LM head, a log-softmax and a gather of
 the sampled ids (`token_logprobs`), in slices of tokens where tokens x vocabulary is large. Two fast
 paths give the same values and gradients (tests/test_batch.py, tests/test_prefix.py) and are opt-in,
-turned on by the presets that need them (recipes.py): `--fused-head`, an LM head with its own backward
+turned on by the presets that need them (infra/recipes.py): `--fused-head`, an LM head with its own backward
 (`_Head`), and `--shared-prefix`, a group's common prompt run once (infra/prefix.py).
 """
 from __future__ import annotations

@@ -20,15 +20,15 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import framing as framings
-import recipes
+from infra import framing as framings
+from infra import recipes
 import schedule as schedules
 from algorithms import AGGREGATIONS, ALGOS, Algo
 from config import SMALL_MODELS, Config
 from engine import cpu_supports_bf16, vllm_available
 from envs import REGISTRY, env_class
 from envs.agentgym import task_ids
-from framing import Framing
+from infra.framing import Framing
 from infra import trackers
 from infra.memplan import model_config
 

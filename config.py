@@ -1,6 +1,6 @@
 """The training configuration: one dataclass, its flags and its presets.
 
-Every field has a one-line doc, which is also its `--help` text. A preset (recipes.py) is the settings
+Every field has a one-line doc, which is also its `--help` text. A preset (infra/recipes.py) is the settings
 it changes from these defaults: `cpu` (the default: a tiny model on this machine's CPU, minutes per
 run), `smollm2` (the CPU learning recipes) and `paper` (the AgentGym-RL settings of the paper's Table
 for that environment, for a GPU node). The command line starts from a preset and overrides only the
@@ -9,7 +9,7 @@ flags it names:
     python train.py --env textcraft --steps 5          # CPU preset
     torchrun --nproc_per_node 8 train.py --preset paper --env sciworld
 
-This file is a leaf: it imports only the standard library and recipes.py, so that reading a run's
+This file is a leaf: it imports only the standard library and infra/recipes.py, so that reading a run's
 settings (`parse`, `preset`) loads no torch, model or environment. What a configuration means on this
 machine (`derive`) and the first thing wrong with it (`check`) are checks.py's.
 """
@@ -19,7 +19,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field, fields
 
-import recipes
+from infra import recipes
 
 
 def doc(text: str, default):
@@ -187,7 +187,7 @@ class Config:
 
 
 def preset(name: str, env: str | None = None) -> Config:
-    """The Config a preset starts from (recipes.py), before the command line's flags apply."""
+    """The Config a preset starts from (infra/recipes.py), before the command line's flags apply."""
     return Config(**recipes.PRESETS[name](env))
 
 

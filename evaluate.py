@@ -23,7 +23,7 @@ Definitions (per table row, tasks weigh equally):
 
 Paper mode: `--tasks-file` plays exactly the tasks of an AgentGym-RL-Data-ID list (e.g. the paper's
 `eval/sciworld_test.json`, mapped by envs/agentgym.py), `--prompt-style agentgym` opens episodes the
-way AgentGym's clients did (framing.py); docs/paper.md, "Comparing with the paper", says what still differs.
+way AgentGym's clients did (infra/framing.py); docs/paper.md, "Comparing with the paper", says what still differs.
 
 Departures from the paper's evaluation: environments run in-process (no env servers). Each turn budget
 plays its own episodes. An episode that outgrows `--max-context` ends there (end reason "context" in
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import envs
-import framing as framings
-import recipes
+from infra import framing as framings
+from infra import recipes
 from checks import compute_dtype, env_options, gpu_shortage, local_ranks, pick_device, visible_gpus
 from config import SMALL_MODELS, doc, flags, same
 from envs import agentgym
@@ -56,7 +56,7 @@ from infra.memplan import check_generation
 from infra.runlog import note_provenance
 from models import resolve_model
 from rollout import ChatFormat, Play, rollout
-from framing import Framing
+from infra.framing import Framing
 from lab.stats import load_transcripts, plot, summarize, table
 
 EVAL_TURNS = {"babyai": 20, "sciworld": 30, "textcraft": 30, "searchqa": 30, "webarena": 15}  # paper's test budgets

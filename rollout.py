@@ -35,7 +35,7 @@ from typing import Callable
 from infra import faults
 from infra.envcalls import abandoned, calls, replace_env
 from engine import Sample, Sampling, stop_ids
-from framing import Framing
+from infra.framing import Framing
 from gigpo import state_key
 
 REPLY, OBS = "<<REPLY-PLACEHOLDER>>", "<<OBSERVATION-PLACEHOLDER>>"
@@ -141,7 +141,7 @@ class ChatFormat:
 
 def opening(instruction: str, acknowledgement: str | None = None) -> list[dict]:
     """The messages before the first observation: the instruction as the system message, or, with an
-    acknowledgement (framing.py, AgentGym's style), as a user turn followed by the canned assistant turn."""
+    acknowledgement (infra/framing.py, AgentGym's style), as a user turn followed by the canned assistant turn."""
     if acknowledgement is None:
         return [{"role": "system", "content": instruction}]
     return [{"role": "user", "content": instruction}, {"role": "assistant", "content": acknowledgement}]
@@ -234,7 +234,7 @@ def info(env) -> dict:
 def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object], tasks: list[tuple[int, int]],
             play: Play, pool: ThreadPoolExecutor | None = None, first: int = 0):
     """Play one episode per (task_id, group) in `tasks`, the i-th on `envs[i]`, `play` deciding the budget,
-    the sampling and how each episode opens (framing.py). `actor`: an engine (engine.py) or an `Expert`.
+    the sampling and how each episode opens (infra/framing.py). `actor`: an engine (engine.py) or an `Expert`.
     `first`: the index of `tasks[0]` among all the episodes played with `play.seed` (on every rank).
 
     Returns (episodes, timing) with timing seconds for "generate", "env" and "other" (our bookkeeping).

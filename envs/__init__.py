@@ -25,7 +25,7 @@ The contract, shown by a toy environment (a guessing game):
         def subtask(self, task_id): return "even" if task_id % 2 == 0 else "odd"
 
 Optional: `agentgym_instruction`, the wording used under `--prompt-style agentgym` when it differs
-(TextCraft's, without the worked example the original lacked); framing.py says how episodes open.
+(TextCraft's, without the worked example the original lacked); infra/framing.py says how episodes open.
 
 Reward semantics (docs/design.md): environments report a running score, so the episode's reward is the
 reward of its last step, scaled to [-1, 1]. `success` says whether the current episode met the

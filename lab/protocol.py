@@ -132,7 +132,7 @@ class Protocol:
     # ------------------------------------------------------------------ the settings every piece shares
     @property
     def recipe(self) -> dict:
-        import recipes
+        from infra import recipes
         return recipes.smollm2(self.env)
 
     @property
@@ -429,9 +429,10 @@ def check(args) -> str | None:
     if s.demo_tasks < 1 or s.val_tasks < 1 or s.test_tasks < 1 or s.self_episodes < 1:
         return "--demo-tasks, --val-tasks, --test-tasks and --self-episodes must be positive"
     import envs
+    from infra import recipes
     if not hasattr(envs.env_class(args.env), "expert"):
         return f"{args.env} has no expert to demonstrate (env.expert()); the protocol needs one"
-    env = envs.make(args.env, **json.loads(__import__("recipes").smollm2(args.env)["env_options"]))
+    env = envs.make(args.env, **json.loads(recipes.smollm2(args.env)["env_options"]))
     try:
         train, test = env.tasks("train"), env.tasks(s.test_split)
     except ValueError as exc:

@@ -42,7 +42,7 @@ from config import Config
 from infra.distributed import all_max, all_sum, print0, sync
 from infra.passes import DUMMY_WIDTH, micro_batches, pad
 from infra.runlog import trim_heap
-from framing import Framing
+from infra.framing import Framing
 from rollout import ChatFormat, Episode, Expert, Play, play_rounds
 from stepplan import play_seed
 

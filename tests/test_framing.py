@@ -18,11 +18,11 @@ import checks
 import config as configs
 import engine as engines
 import evaluate as E
-import framing
+from infra import framing
 from models import tiny
 from batch import collate
 from envs.textcraft import TextCraft
-from framing import ACKNOWLEDGEMENT, Framing
+from infra.framing import ACKNOWLEDGEMENT, Framing
 from rollout import ChatFormat, Play, rollout
 from tests.test_rollout import Recorder, eos_prone_state, runs, tokenizer_for
 from tests.support.toy import Digits

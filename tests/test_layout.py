@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The algorithm, in the order a reader meets it in a training step, and the two entry points.
 ROOT_FILES = {"train.py", "evaluate.py", "startup.py", "config.py", "rollout.py", "engine.py", "batch.py", "stepplan.py",
-              "framing.py", "algorithms.py", "losses.py", "gigpo.py", "schedule.py", "recipes.py", "checks.py"}
+              "algorithms.py", "losses.py", "gigpo.py", "schedule.py", "checks.py"}
 STUDIES = "studies"  # the project's studies beside the method: reached through its one hook object
 SET_UP = {"startup"}  # the one method-side module that builds the studies' hooks
 ENTRY_POINTS = {"train", "evaluate"}

@@ -74,10 +74,10 @@ def test_config_default_is_valid_and_presets_apply():
 
 
 def test_config_is_a_leaf():
-    """Reading a run's settings (config.py, recipes.py's presets) loads no torch, model, engine, environment,
+    """Reading a run's settings (config.py, infra/recipes.py's presets) loads no torch, model, engine, environment,
     tracker or memory plan: those are checks.py's, and the set-up's."""
     heavy = ("torch", "transformers", "engine", "envs", "infra.memplan", "infra.trackers", "algorithms", "checks")
-    code = ("import sys, config, recipes; config.parse([]); config.parse(['--preset', 'paper', '--env', 'babyai']); "
+    code = ("import sys, config, infra.recipes; config.parse([]); config.parse(['--preset', 'paper', '--env', 'babyai']); "
             f"config.preset('smollm2', 'miniwob'); print([m for m in {heavy!r} if m in sys.modules])")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
