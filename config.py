@@ -129,8 +129,9 @@ class Config:
                          "needs env.expert())", 0)
     bc_coef: float = doc("weight of the imitation term of --bc-anchor against the RL loss", 1.0)
     # machinery
-    engine: str = doc("rollout generator: auto (vLLM if installed, else torch on CUDA, hf on CPU), vllm, torch "
-                       "(infra/decode.py: the project's own decode loop, KV kept across turns, CUDA graphs) or hf", "auto")
+    engine: str = doc("rollout generator: auto (GPU: vLLM if installed, else torch; CPU with native bf16: vLLM if "
+                       "installed, else hf; AVX2-only CPU: torch), vllm, torch (infra/decode.py: the project's own "
+                       "decode loop, KV kept across turns, CUDA graphs) or hf", "auto")
     compile_generator: str = doc("vLLM: torch.compile the model (inductor): auto (on GPUs, and on CPU for models of "
                                  "50M+ parameters: SmolLM2 yes, the tiny model no), on or off", "auto")
     device: str = doc("auto (cuda when there is a GPU for every rank on this node, else cpu), cpu or cuda", "auto")

@@ -14,9 +14,11 @@ and top-p), which is what the policy loss compares against at temperature 1. Gen
 `Sampling.stop_ids`; vLLM also stops on every eos id its model declares, so pass `stop_ids(model_dir)`
 to get the same stops from every engine.
 
-Pick one with `make_engine(model_dir, kind="auto"|"vllm"|"torch"|"hf", ...)`: auto takes vLLM when it
-imports, else on CUDA the project's own decode loop (`torch`, infra/decode.py: KV kept across turns, CUDA graphs),
-else transformers' generate (`hf`).
+Pick one with `make_engine(model_dir, kind="auto"|"vllm"|"torch"|"hf", ...)`. auto, by what was measured on
+each kind of machine (infra/engines.engine_kind; figures: docs/performance.md): on a GPU, vLLM when it imports,
+else the project's own decode loop (`torch`, infra/decode.py: KV kept across turns, CUDA graphs); on a CPU that
+multiplies bf16 natively, vLLM's CPU build when it imports, else transformers' generate (`hf`); on a CPU without
+(AVX2 only, float32), the project's decode loop, which decodes there faster than vLLM's CPU build.
 `cpu_supports_bf16()` says whether bfloat16 is the faster dtype on this CPU. The engines themselves are
 machinery: infra/engines.py (vLLM, transformers) and infra/decode.py (the decode loop).
 """
@@ -25,8 +27,8 @@ from __future__ import annotations
 import os
 
 from infra.decode import TorchEngine
-from infra.engines import (HFEngine, VLLMEngine, compiles, engine_kind, kv_cache_bytes,  # noqa: F401
-                           vllm_available, vllm_environment)
+from infra.engines import (HFEngine, VLLMEngine, compiles, cpu_supports_bf16, engine_kind,  # noqa: F401
+                           kv_cache_bytes, vllm_available, vllm_environment)
 from infra.samples import Sample, Sampling, copy_weights  # noqa: F401  (the contract, re-exported)
 
 
@@ -49,21 +51,6 @@ def stop_ids(tokenizer_or_dir, model_dir: str | None = None) -> tuple[int, ...]:
             eos = None
         ids += [eos] if isinstance(eos, int) else list(eos or ())
     return tuple(dict.fromkeys(i for i in ids if i is not None))  # deduplicated, tokenizer's eos first
-
-
-def cpu_supports_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU multiplies bf16 natively (AMX-BF16 or AVX512-BF16 in /proc/cpuinfo's flags). With
-    them bf16 generates several times faster than fp32 (figures: docs/performance.md); without them oneDNN
-    emulates bf16 and it gains little. False off Linux/x86. `torch.backends.cpu.get_cpu_capability()`
-    cannot tell: it says "AVX512" with or without the bf16 extensions."""
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return bool({"amx_bf16", "avx512_bf16"} & set(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return False
 
 
 def make_engine(model_dir: str, kind: str = "auto", device: str = "cpu", dtype: str = "float32",

@@ -7,7 +7,8 @@ SmolLM2-135M-Instruct (the real weights) in the compute dtype `--dtype auto` pic
 batch of `--batch` random prompts of `--prompt` tokens, `--threads` threads (torchrun gives each of 2 ranks one
 thread on 2 cores). One TorchEngine runs every variant: its two switches (`packed`: the linear layers through
 weights packed once for oneDNN, q/k/v and gate/up fused; `kept_attention`: decode attention as two matrix
-products over the kept positions instead of SDPA's flash kernel) are set between calls, so every variant
+products over the kept positions instead of SDPA's flash kernel; `kernel`: the same as one C++ loop that reads
+each cached key and value once, infra/decode_kernel.py) are set between calls, so every variant
 reads the same weights and KV rows. The variants run in rounds, the order reversed every other round
 (A B C, C B A, ...), so a drift in the machine's load hits every variant; per variant the median and the best
 of the rounds are printed.
@@ -34,11 +35,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-VARIANTS = {  # name -> (packed, kept_attention)
-    "plain (SDPA, module weights)": (False, False),
-    "packed weights": (True, False),
-    "kept attention": (False, True),
-    "packed + kept attention": (True, True),
+VARIANTS = {  # name -> (packed, kept_attention, kernel)
+    "plain (SDPA, module weights)": (False, False, False),
+    "packed weights": (True, False, False),
+    "kept attention": (False, True, False),
+    "packed + kept attention": (True, True, False),
+    "packed + attention loop (C++)": (True, True, True),
 }
 # torch.profiler op names by kind, for "where a step goes"
 KINDS = {"linear layers": ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"),
@@ -106,7 +108,7 @@ def main(args) -> int:
 
     def use(name: str) -> None:
         if name in variants:
-            eng.packed, eng.kept_attention = variants[name]
+            eng.packed, eng.kept_attention, eng.kernel = variants[name]
             eng.linears = None  # packed (or not) again on the next call
 
     results = {name: [] for name in runners}

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from infra import decode_kernel
 from infra.decode_cpu import Linears, PackedLinears, attend_kept, can_pack
 from infra.decode_cuda import capture, on_stream
 from infra.decode_sampling import request_seed, sample, uniform
@@ -161,7 +162,7 @@ class TorchEngine:
 
     def __init__(self, model_dir: str, device: str = "cpu", dtype: str = "float32", seed: int = 0,
                  prefill_tokens: int | None = None, graphs: bool | None = None, packed: bool | None = None,
-                 kept_attention: bool | None = None):
+                 kept_attention: bool | None = None, kernel: bool | None = None):
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device)
@@ -186,6 +187,16 @@ class TorchEngine:
         self.packed = can_pack(self.device, self.model.dtype) if packed is None else packed
         self.kept_attention = (not self.graphs and self.model.dtype == torch.float32) if kept_attention is None \
             else kept_attention
+        # eager decode steps' attention as one C++ loop over the kept positions (infra/decode_kernel.py), where it
+        # builds; by default wherever kept attention is on (float32 on the CPU)
+        self.kernel = False
+        if kernel or (kernel is None and self.kept_attention and not cuda):
+            why = decode_kernel.problem(self.device, self.model.dtype)
+            if why and kernel:
+                raise ValueError(why)
+            if why:
+                print(f"warning: {why}; decode attention runs as matrix products instead", flush=True)
+            self.kernel = why is None
         self.linears: Linears | None = None  # built on the first call after every weight change (`_linears`)
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         self.gen = torch.Generator().manual_seed(seed)  # seeds of unseeded requests
@@ -197,10 +208,13 @@ class TorchEngine:
     # -- one layer stack over (rows, positions) --
     def _layers(self, h, rows: slice, pos, cache: Cache, cos, sin, width: int, kept: int | None = None):
         """h (b, s, hidden) at positions pos (b, s) of the cache's rows `rows`; their KV written there. `kept`:
-        attention over the first `kept` positions only (`attend_kept`; every pos below it), else SDPA over all."""
+        attention over the first `kept` positions only (every pos below it: the C++ loop where `self.kernel`, else
+        `attend_kept`), else SDPA over all."""
         b, s, _ = h.shape
-        visible = torch.arange(kept or width, device=h.device)[None, None, :] <= pos[:, :, None]  # (b, s, W)
-        bias = attention_bias(visible, self.heads // self.kv_heads, h.dtype)                   # (b, 1, G*s, W)
+        loop = kept is not None and self.kernel  # s == 1 here: decode steps are the only callers with `kept`
+        if not loop:
+            visible = torch.arange(kept or width, device=h.device)[None, None, :] <= pos[:, :, None]  # (b, s, W)
+            bias = attention_bias(visible, self.heads // self.kv_heads, h.dtype)                   # (b, 1, G*s, W)
         c, n = cos[pos][:, :, None], sin[pos][:, :, None]                                       # (b, s, 1, D)
         where = pos[:, None, :, None].expand(b, self.kv_heads, s, self.head_dim)                # KV slots written
         lin = self.linears
@@ -218,8 +232,12 @@ class TorchEngine:
             # scatter_, not index_put_: a plain kernel, safe inside a CUDA graph (duplicate padding slots are harmless)
             keys.scatter_(2, where, k.transpose(1, 2))                                           # (b, Hkv, s, D)
             values.scatter_(2, where, v.transpose(1, 2))
-            out = attend(q, keys, values, bias, self.scale) if kept is None else \
-                attend_kept(q, keys, values, bias, self.scale, kept)
+            if loop:
+                out = decode_kernel.attend_loop(q, keys, values, pos[:, 0], self.scale)
+            elif kept is None:
+                out = attend(q, keys, values, bias, self.scale)
+            else:
+                out = attend_kept(q, keys, values, bias, self.scale, kept)
             h = h + lin.o(i, out)
             h = h + lin.mlp(i, layer.post_attention_layernorm(h))
         return h
@@ -364,7 +382,7 @@ class TorchEngine:
             if graph is not None:
                 graph.replay()
             else:
-                step(min(longest + t, width) if self.kept_attention else None)
+                step(min(longest + t, width) if self.kept_attention or self.kernel else None)
             t += 1
             if t % CHECK_EVERY == 0 and bool(done.all()):
                 break

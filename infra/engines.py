@@ -41,17 +41,42 @@ os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
 
 
 
+def cpu_supports_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bf16 natively (AMX-BF16 or AVX512-BF16 in /proc/cpuinfo's flags). With
+    them bf16 generates several times faster than fp32 (figures: docs/performance.md); without them oneDNN
+    emulates bf16 and it gains little. False off Linux/x86. `torch.backends.cpu.get_cpu_capability()`
+    cannot tell: it says "AVX512" with or without the bf16 extensions."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return bool({"amx_bf16", "avx512_bf16"} & set(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return False
+
+
 def vllm_available() -> bool:
     # find_spec, not import: importing vLLM here would fix its log level before VLLMEngine sets it
     return importlib.util.find_spec("vllm") is not None
 
 
 def engine_kind(kind: str, device: str) -> str:
-    """auto: vLLM where installed; else on CUDA the project's own decode loop (infra/decode.py, far faster
-    there than transformers' generate by design; figures: docs/gpu.md), and on the CPU transformers' generate."""
+    """auto, by what was measured on each kind of machine (docs/performance.md):
+    - a GPU: vLLM where installed, else the project's own decode loop (infra/decode.py; far faster there than
+      transformers' generate by design, docs/gpu.md);
+    - a CPU without native bf16 (AVX2 only: the model runs in float32): the project's decode loop, whose packed
+      weights and one-pass attention loop decode a batch of 16 faster there than vLLM's CPU build, compiled or
+      not (bench/generate.py --engine torch --levers --vllm compiled);
+    - a CPU with native bf16 (AVX512-BF16, AMX): vLLM's CPU build where installed (its bf16 kernels; the decode
+      loop is not measured there yet), else transformers' generate."""
     if kind != "auto":
         return kind
-    return "vllm" if vllm_available() else "torch" if device.startswith("cuda") else "hf"
+    if device.startswith("cuda"):
+        return "vllm" if vllm_available() else "torch"
+    if not cpu_supports_bf16():
+        return "torch"
+    return "vllm" if vllm_available() else "hf"
 
 
 COMPILE_PARAMETERS = 50_000_000  # auto compiles from here up: SmolLM2-135M yes, the 1M-parameter test model no

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from infra import decode, decode_cpu
+from infra import decode, decode_cpu, decode_kernel
 from infra import decode_sampling as sampling
 import engine as engines
 from infra import engines as infra_engines
@@ -142,12 +142,17 @@ def test_a_weight_sync_drops_every_cached_row(model_dir):
         assert torch.allclose(ref[torch.arange(len(s.ids)), s.ids], torch.tensor(s.logprobs), atol=1e-5)
 
 
-def test_auto_takes_the_own_loop_on_cuda_without_vllm(monkeypatch):
+def test_auto_takes_the_own_loop_on_cuda_without_vllm_and_on_cpus_without_bf16(monkeypatch):
     monkeypatch.setattr(infra_engines, "vllm_available", lambda: False)
+    monkeypatch.setattr(infra_engines, "cpu_supports_bf16", lambda: True)
     assert engines.engine_kind("auto", "cuda") == "torch" and engines.engine_kind("auto", "cuda:1") == "torch"
     assert engines.engine_kind("auto", "cpu") == "hf" and engines.engine_kind("hf", "cuda") == "hf"
     monkeypatch.setattr(infra_engines, "vllm_available", lambda: True)
-    assert engines.engine_kind("auto", "cuda") == "vllm"
+    assert engines.engine_kind("auto", "cuda") == "vllm" and engines.engine_kind("auto", "cpu") == "vllm"
+    # an AVX2-only CPU runs float32, where the decode loop was measured faster than vLLM's CPU build
+    monkeypatch.setattr(infra_engines, "cpu_supports_bf16", lambda: False)
+    assert engines.engine_kind("auto", "cpu") == "torch" and engines.engine_kind("auto", "cuda") == "vllm"
+    assert engines.engine_kind("vllm", "cpu") == "vllm"  # asked for by name: taken as asked
 
 
 def test_an_unsupported_model_is_refused_with_the_way_out():
@@ -310,18 +315,55 @@ def test_attend_over_the_kept_positions_is_per_head_attention():
     assert torch.allclose(out, ref, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_attention_loop_is_per_head_attention_over_each_rows_positions(dtype):
+    """infra/decode_kernel.py's C++ loop against a float64 reference: row r sees positions 0..last[r] of a
+    strided view of a wider cache (SmolLM2's grouping: 9 query heads over 3 KV heads), whatever lies beyond."""
+    if why := decode_kernel.problem(torch.device("cpu"), dtype):
+        pytest.fail(why)  # the suite's set-up provides the compiler and ninja
+    torch.manual_seed(2)
+    b, heads, kv, dim, width = 4, 9, 3, 64, 96
+    q = torch.randn(b, 1, heads, dim).to(dtype)
+    cache_k, cache_v = torch.randn(2 * b, kv, width, dim).to(dtype), torch.randn(2 * b, kv, width, dim).to(dtype)
+    k, v = cache_k[1::2], cache_v[1::2]  # views with the cache's strides, as the engine passes them
+    last = torch.tensor([0, 5, 63, 95])
+    for r, n in enumerate(last.tolist()):  # beyond a row's last position: garbage that must not count
+        k[r, :, n + 1:], v[r, :, n + 1:] = 1e4, float("nan")
+    out = decode_kernel.attend_loop(q, k, v, last, 0.125)
+    kk = k.double().repeat_interleave(heads // kv, 1)[:, :, None]                        # (b, H, 1, W, D)
+    vv = v.double().repeat_interleave(heads // kv, 1)
+    scores = (q.double().transpose(1, 2)[..., None, :] * kk).sum(-1) * 0.125           # (b, H, 1, W)
+    scores = scores.masked_fill(~(torch.arange(width) <= last[:, None])[:, None, None], float("-inf"))
+    weights = torch.nan_to_num(scores.softmax(-1))
+    ref = torch.einsum("bhsw,bhwd->bshd", weights, torch.nan_to_num(vv)).reshape(b, 1, heads * dim)
+    assert out.dtype == dtype and out.shape == ref.shape
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output's own rounding
+    assert torch.allclose(out.double(), ref, atol=tol, rtol=tol), (out.double() - ref).abs().max()
+
+
+def test_the_attention_loop_leaves_the_process_float_semantics_alone():
+    """The loop is compiled with -ffast-math; linked into a shared library that flag sets flush-to-zero for the
+    whole process (gcc's crtfastmath.o), which would change every float op of the trainer. It is a compile flag
+    only: a subnormal float survives the kernel's load."""
+    assert decode_kernel.problem(torch.device("cpu"), torch.float32) is None
+    tiny_value = torch.tensor(1e-40, dtype=torch.float32)
+    assert (tiny_value * 1.0).item() != 0.0 and (tiny_value / 2).item() != 0.0
+
+
 def test_the_cpu_levers_are_on_by_default_in_float32_and_give_the_plain_paths_tokens(model_dir):
-    """Packed weights (q/k/v and gate/up fused, biases included: the tiny model is a Qwen2) and attention
-    over the kept positions compute what the module weights and SDPA compute."""
+    """Packed weights (q/k/v and gate/up fused, biases included: the tiny model is a Qwen2), attention over the
+    kept positions, and the same as a C++ loop compute what the module weights and SDPA compute."""
     prompts = prompts_of([7, 20, 33, 20, 9, 14, 50, 3], 2)
     outs = {}
     for packed in (False, True):
         for kept in (False, True):
-            eng = decode.TorchEngine(model_dir, "cpu", "float32", packed=packed, kept_attention=kept)
+            eng = decode.TorchEngine(model_dir, "cpu", "float32", packed=packed, kept_attention=kept, kernel=False)
             outs[packed, kept] = eng.generate(prompts, engines.Sampling(max_tokens=20, seed=5, stop_ids=STOPS))
             assert isinstance(eng.linears, decode_cpu.PackedLinears) == packed
     default = decode.TorchEngine(model_dir, "cpu", "float32")
     assert default.packed == decode_cpu.can_pack(torch.device("cpu"), torch.float32) and default.kept_attention
+    assert default.kernel  # the attention loop builds here (the suite's set-up has the compiler)
+    outs["loop"] = default.generate(prompts, engines.Sampling(max_tokens=20, seed=5, stop_ids=STOPS))
     plain = outs[False, False]
     for out in outs.values():
         assert [s.ids for s in out] == [s.ids for s in plain]
