@@ -84,6 +84,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), -1)
 
 
+def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
+    """A Llama-style RMSNorm module applied to x: in float32 as torch's one fused op (the module runs seven: cast,
+    square, mean, add, rsqrt, multiply, multiply by the weight; the same values); in other dtypes the module
+    itself, whose rounding (the weight times the value cast back to the dtype) the fused op does not follow."""
+    if x.dtype == torch.float32 and hasattr(norm, "variance_epsilon"):
+        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+    return norm(x)
+
+
 def attention_bias(visible: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
     """visible (b, s, W) bool -> (b, 1, G*s, W) additive mask in the model's dtype (0 seen, -inf hidden), laid
     out as `attend`'s query rows. Made once per forward and shared by every layer: given the bool mask, SDPA
@@ -220,13 +229,13 @@ class TorchEngine:
         lin = self.linears
         for i, (layer, keys, values) in enumerate(zip(self.decoder.layers, cache.keys, cache.values)):
             a = layer.self_attn
-            x = layer.input_layernorm(h)
+            x = rms_norm(layer.input_layernorm, h)
             q, k, v = lin.qkv(i, x)
             q = q.reshape(b, s, self.heads, self.head_dim)
             k = k.reshape(b, s, self.kv_heads, self.head_dim)
             v = v.reshape(b, s, self.kv_heads, self.head_dim)
             if hasattr(a, "q_norm"):  # Qwen3 normalises q and k per head before RoPE
-                q, k = a.q_norm(q), a.k_norm(k)
+                q, k = rms_norm(a.q_norm, q), rms_norm(a.k_norm, k)
             q, k = q * c + _rotate_half(q) * n, k * c + _rotate_half(k) * n
             keys, values = keys[rows], values[rows]                                            # views
             # scatter_, not index_put_: a plain kernel, safe inside a CUDA graph (duplicate padding slots are harmless)
@@ -239,7 +248,7 @@ class TorchEngine:
             else:
                 out = attend_kept(q, keys, values, bias, self.scale, kept)
             h = h + lin.o(i, out)
-            h = h + lin.mlp(i, layer.post_attention_layernorm(h))
+            h = h + lin.mlp(i, rms_norm(layer.post_attention_layernorm, h))
         return h
 
     def _rope(self, width: int):
@@ -360,7 +369,7 @@ class TorchEngine:
         def step(kept=None):
             h = self._layers(self.decoder.embed_tokens(tok)[:, None], slice(None), pos[:, None], cache, cos, sin, width,
                              kept)
-            logits = head(self.decoder.norm(h[:, 0])).float()                                   # (R, V)
+            logits = head(rms_norm(self.decoder.norm, h[:, 0])).float()                                   # (R, V)
             token, logprob = sample(logits, uniform(seeds, pos + 1), params.temperature, params.top_p)
             live = ~done
             out_ids.scatter_(1, column, token[:, None])
