@@ -225,6 +225,24 @@ class Expert:
         return out
 
 
+@dataclass
+class Game:
+    """What every part of one `rollout` call reads: the actor that replies, the chat format that records each
+    episode token-exactly, the envs (episode i on envs[i]), how episodes are played and the threads that
+    step the envs."""
+    actor: object
+    chat: ChatFormat
+    envs: list
+    make_env: Callable[[], object]
+    play: Play
+    pool: ThreadPoolExecutor
+    first: int = 0  # the index of envs[0]'s episode among all the episodes played with `play.seed`
+
+    def replace(self, i: int, err: str) -> None:
+        """Env i raised or hung (`err`): a fresh one from `make_env` in its place, in the caller's list."""
+        self.envs[i] = replace_env(self.envs[i], self.make_env, hung=err.startswith("TimeoutError"))
+
+
 def info(env) -> dict:
     """The env's own report on its last reset or step for the transcript (`env.info`, e.g. an OpenEnv
     observation's metadata), as {"info": ...}; nothing when the env has none."""
@@ -245,20 +263,19 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
     own_pool, abandoned_before = pool is None, abandoned()
     pool = pool or ThreadPoolExecutor(max_workers=min(32, len(tasks)) or 1)
     timing = {"generate": 0.0, "env": 0.0, "other": 0.0}
-    start = time.perf_counter()
+    start, game = time.perf_counter(), Game(actor, chat, envs, make_env, play, pool, first)
 
     t = time.perf_counter()
     firsts = calls(pool, [(envs[i].reset, tasks[i][0]) for i in range(len(tasks))], play.env_timeout)
     timing["env"] += time.perf_counter() - t
-    episodes = [begin(task, result, i, envs, make_env, chat, play) for i, (task, result) in enumerate(zip(tasks, firsts))]
+    episodes = [begin(game, task, result, i) for i, (task, result) in enumerate(zip(tasks, firsts))]
 
     for turn in range(play.max_turns):
         live = [i for i, ep in enumerate(episodes) if not ep.end]
         if not live:
             break
         t = time.perf_counter()
-        samples = replies(actor, chat, [episodes[i] for i in live], [envs[i] for i in live], play, pool,
-                          [first + i for i in live], turn)
+        samples = replies(game, episodes, live, turn)
         timing["generate"] += time.perf_counter() - t
         faults.point("rollout_turn")  # test-only crash point (faults.py): a no-op unless TRAIN_FAULT names it
 
@@ -276,7 +293,7 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
         results = calls(pool, [(envs[i].step, text) for i, _, text in acted], play.env_timeout)
         timing["env"] += time.perf_counter() - t
         for (i, s, _), result in zip(acted, results):
-            observe(episodes[i], result, i, envs, make_env, chat, play, s, last=turn + 1 == play.max_turns)
+            observe(game, episodes[i], result, i, s, last=turn + 1 == play.max_turns)
     for ep in episodes:
         ep.end = ep.end or "horizon"
         del ep.states[ep.turns:]  # an observation no turn answered (the context was full) is no state of a turn
@@ -286,19 +303,19 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
     return episodes, timing
 
 
-def begin(task: tuple[int, int], result, i: int, envs: list, make_env, chat: ChatFormat, play: Play) -> Episode:
+def begin(game: Game, task: tuple[int, int], result, i: int) -> Episode:
     """Episode i opened from its env's reset `result` ((observation, None) or (None, error)): the framing's
     instruction, the first observation as the prompt; an env that raised is flagged and replaced."""
-    (task_id, group), (obs, err) = task, result
-    instruction, acknowledgement = play.framing.opening(envs[i]) if err is None else ("", None)
+    (task_id, group), (obs, err), play = task, result, game.play
+    instruction, acknowledgement = play.framing.opening(game.envs[i]) if err is None else ("", None)
     ep = Episode(task_id, group, [], 0, messages=opening(instruction, acknowledgement))
     if err is not None:
         ep.end, ep.error = "env_error", err
-        envs[i] = replace_env(envs[i], make_env, hung=err.startswith("TimeoutError"))
+        game.replace(i, err)
         return ep
-    ep.ids = chat.prompt(instruction, obs, acknowledgement)
+    ep.ids = game.chat.prompt(instruction, obs, acknowledgement)
     ep.prompt_len = len(ep.ids)
-    ep.messages.append({"role": "user", "content": obs} | info(envs[i]))
+    ep.messages.append({"role": "user", "content": obs} | info(game.envs[i]))
     if play.states:
         ep.states.append(state_key(obs))
     if ep.prompt_len >= play.max_context:
@@ -306,28 +323,29 @@ def begin(task: tuple[int, int], result, i: int, envs: list, make_env, chat: Cha
     return ep
 
 
-def replies(actor, chat: ChatFormat, episodes: list[Episode], envs: list, play: Play, pool, indices: list[int],
-            turn: int) -> list[Sample]:
-    """The actor's replies to the live `episodes` (global episode `indices`), each capped by the reply
-    budget and the room left in the context: one batched generation, or the expert's moves."""
-    caps = [min(play.max_tokens, play.max_context - len(ep.ids)) for ep in episodes]
+def replies(game: Game, episodes: list[Episode], live: list[int], turn: int) -> list[Sample]:
+    """The actor's replies to the live episodes (`live`: their places; episode i is the play's
+    `game.first + i`), each capped by the reply budget and the room left in the context: one batched
+    generation, or the expert's moves."""
+    actor, play = game.actor, game.play
+    caps = [min(play.max_tokens, play.max_context - len(episodes[i].ids)) for i in live]
     if isinstance(actor, Expert):
-        return actor.replies(envs, caps, pool, play.env_timeout)
-    seeds = None if play.seed is None else [reply_seed(play.seed, k, turn) for k in indices]
-    return actor.generate([ep.ids for ep in episodes], Sampling(caps, play.temperature, play.top_p, seeds, chat.stop_ids))
+        return actor.replies([game.envs[i] for i in live], caps, game.pool, play.env_timeout)
+    seeds = None if play.seed is None else [reply_seed(play.seed, game.first + i, turn) for i in live]
+    return actor.generate([episodes[i].ids for i in live],
+                          Sampling(caps, play.temperature, play.top_p, seeds, game.chat.stop_ids))
 
 
-def observe(ep: Episode, result, i: int, envs: list, make_env, chat: ChatFormat, play: Play, s: Sample,
-            last: bool) -> None:
+def observe(game: Game, ep: Episode, result, i: int, s: Sample, last: bool) -> None:
     """The env's answer to episode i's reply `s` (((obs, reward, done), None) or (None, error)) into the
     episode: its reward, success and refusals, and either its end (done, the turn budget, a full context,
     an env error: the env replaced) or the observation's tokens for the next turn."""
-    (step, err), env = result, envs[i]
+    (step, err), env, play = result, game.envs[i], game.play
     if err is None and getattr(env, "crashed", False):
         err = getattr(env, "error", None) or "simulator crashed"
     if err is not None:
         ep.end, ep.error = "env_error", err
-        envs[i] = replace_env(env, make_env, hung=err.startswith("TimeoutError"))
+        game.replace(i, err)
         return
     obs, ep.reward, done = step
     ep.messages[-1].update(info(env))  # what the env reported about this reply's step
@@ -337,7 +355,7 @@ def observe(ep: Episode, result, i: int, envs: list, make_env, chat: ChatFormat,
     if done or last:
         ep.end = "done" if done else "horizon"
         return
-    obs_ids = chat.observation(obs, stopped=bool(s.ids) and s.ids[-1] == chat.eos_id)
+    obs_ids = game.chat.observation(obs, stopped=bool(s.ids) and s.ids[-1] == game.chat.eos_id)
     if len(ep.ids) + len(obs_ids) >= play.max_context:  # no room left for another reply
         ep.end = "context"
         return
