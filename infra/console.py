@@ -170,7 +170,8 @@ def quiet():
 
 def summary(cfg, d, world: int) -> list[str]:
     """The config in a few lines for the start of a run: what is trained, on which batches and turn
-    budgets, where. `d` is checks.derive(cfg)."""
+    budgets, where, and which generator. `d` is checks.derive(cfg)."""
+    from infra.engines import engine_kind
     kl = "no KL term"
     if cfg.kl_coef:
         kl = f"KL {cfg.kl_coef:g} ({cfg.kl_kind}, " + ("in the reward)" if d.algo.kl == "reward" else "loss)")
@@ -178,7 +179,8 @@ def summary(cfg, d, world: int) -> list[str]:
              f"batch: {cfg.tasks_per_step} tasks x {cfg.samples_per_task} samples over {world} ranks, "
              f"lr {cfg.lr:g}, {kl}",
              f"horizon: {d.schedule.describe()}; {cfg.max_tokens} tokens a reply",
-             f"device: {d.device}, {d.dtype}"]
+             f"device: {d.device}, {d.dtype}; generator: {engine_kind(cfg.engine, d.device)}"
+             + (" (engine auto: infra/engines.engine_kind)" if cfg.engine == "auto" else "")]
     if cfg.bc_episodes:
         who = "expert" if cfg.bc_actor == "expert" else "self-played"  # --bc-actor policy: self-imitation
         lines.append(f"warm start: {cfg.bc_episodes} {who} episodes, lr {cfg.bc_lr:g}")
