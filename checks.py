@@ -170,6 +170,14 @@ def _environment(cfg: Config) -> str | None:
             task_ids(cfg.tasks_file, cfg.env, options)
         except ValueError as exc:
             return f"--tasks-file {cfg.tasks_file}: {exc}"
+    if cfg.env.startswith("openenv+"):  # a served env: up and taking our task ids, before any model loads
+        from envs.openenv_in import bind, probe
+        try:
+            url = bind(cfg.env).url
+        except ValueError as exc:
+            return str(exc)
+        if problem := probe(url, wait=min(30.0, cfg.env_timeout)):
+            return problem
     if cfg.refusal_penalty and not hasattr(env_class(cfg.env), "refused"):
         return (f"--refusal-penalty needs an env that flags the turns it refused (env.refused, as BabyAI does); "
                 f"{cfg.env} does not, set --refusal-penalty 0")

@@ -44,7 +44,8 @@ from batch import collate, forward, score
 from infra import budget, checkpoint, faults, lifeline, peaks
 from infra.peaks import phase
 from infra.distributed import all_max, all_sum, print0, sync
-from infra.runlog import log_episodes, log_outcomes, memory_metrics, phase_metrics, rollout_metrics, trim_heap
+from infra.runlog import (env_errors, log_episodes, log_outcomes, memory_metrics, phase_metrics, rollout_metrics,
+                          trim_heap)
 from stepplan import play_seed, rank_share, tasks_for_step
 from infra import passes
 from infra.passes import micro_batches, pad
@@ -174,6 +175,9 @@ def main(argv=None):
                    f"step {step + 1}")
             break
     if run.log:
+        if errors := env_errors(run.out / "metrics.jsonl"):  # an env that raised or hung, a server that died
+            print0(f"{errors} training episodes ended as env_error (an env raised, passed --env-timeout, or its "
+                   f"server failed); they trained no tokens (metrics.jsonl: end/env_error)")
         print0(f"done: {run.out / 'metrics.jsonl'}, {run.out / 'reward.png'}")
     lifeline.finish(run.env_pool, run.threads, run.engine, run.log)
 

@@ -13,12 +13,14 @@ the workload both arms share; by default the finite-demonstrations protocol's RL
 one after the other on the same machine; `--rounds 2` runs a, b, b, a so that a drift in the machine's load hits
 both. Printed, per arm, with the CPU's name and the load average before and after:
 
-- episodes per CPU-hour, steady: a step's episodes over its CPU seconds (`time/cpu_step`, every rank's process
-  together: the generator's threads, the envs, the update), the first step left out where there are more (its
-  one-time builds); and with start-up: every episode over every CPU second the arm's processes used from launch
+- episodes per CPU-hour, steady: the steps' episodes over their CPU seconds (`time/cpu_step`, every rank's
+  process together: the generator's threads, the envs, the update); and with start-up: every episode over every CPU second the arm's processes used from launch
   to exit (getrusage of the children: loading, the generator's compile, the kernel build included);
 - episodes with a non-zero advantage per CPU-hour: the rows the update did not skip (a constant group's rows
   carry no gradient under GRPO without a KL term: `skipped`);
+- per unit of work, so that steps of different luck compare (a step whose groups were all constant makes no
+  update): a rank's generate seconds per 1,000 tokens it sampled, and its update seconds per episode with a
+  non-zero advantage;
 - the step's split, from train.py's own timers (seconds, mean per step, the slowest rank's clock averaged over
   ranks): generate, env, logprobs (the scoring pass), update, sync;
 - the ratio b / a of each.
@@ -78,8 +80,7 @@ def run_arm(repo: Path, out: Path, args, flags: list[str]) -> dict:
 
 def figures(runs: list[dict], nproc: int) -> dict:
     """An arm's runs as per-CPU-hour figures (module docstring)."""
-    steady = [r for run in runs for r in (run["rows"][1:] if len(run["rows"]) > 1 else run["rows"])]
-    every = [r for run in runs for r in run["rows"]]
+    steady = every = [r for run in runs for r in run["rows"]]
     cpu_step = sum(r["time/cpu_step"] * nproc for r in steady)  # time/cpu_step is logged as the ranks' mean
     episodes = sum(r["episodes"] for r in steady)
     useful = sum(r["episodes"] * (1 - r["skipped"]) for r in steady)
@@ -93,6 +94,12 @@ def figures(runs: list[dict], nproc: int) -> dict:
            "cpu_s_with_startup": total_cpu, "wall_s_with_startup": sum(run["wall_s"] for run in runs),
            "load": [run["load"] for run in runs]}
     out.update({key: mean(steady, key) for key in TIMERS})
+    # per unit of work, so that steps of different luck compare: a rank's generate seconds per 1,000 tokens it
+    # sampled, and its update seconds per episode that carried a gradient
+    sampled = sum(r["response_tokens"] * r["episodes"] / nproc for r in steady)
+    out["generate_s_per_1k_tokens"] = 1000 * sum(r["time/generate"] for r in steady) / sampled
+    out["update_s_per_useful_episode"] = (sum(r["time/update"] for r in steady) / (useful / nproc)
+                                          if useful else float("nan"))
     return out
 
 
@@ -115,7 +122,11 @@ def main(argv=None) -> int:
     p.add_argument("--base-commit", help="run arm a in a worktree of this commit (arm b: this tree)")
     p.add_argument("--rounds", type=int, default=1, choices=(1, 2), help="2: a, b, b, a")
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    p.add_argument("--from", dest="saved", type=Path, help="print the table of a saved --out file (no runs)")
     args = p.parse_args(argv)
+    if args.saved:
+        saved = json.loads(args.saved.read_text())
+        return report(saved["runs"], saved["label"], saved["setup"], saved["nproc"], None)
     if not (Path(args.model) / "config.json").exists() or not any(Path(args.model).glob("*.safetensors")):
         raise SystemExit(f"error: {args.model} is not a model directory (no config.json or no *.safetensors "
                          f"weights); give a run's warmstart/")
@@ -135,11 +146,17 @@ def main(argv=None) -> int:
             if args.base_commit:
                 subprocess.run(["git", "worktree", "remove", "--force", str(repo_a)], cwd=ROOT)
     label = {"a": f"a: {args.base_commit or 'this tree'} {args.a}".strip(), "b": f"b: this tree {args.b}".strip()}
-    f = {arm: figures(runs[arm], args.nproc) for arm in "ab"}
-    print(f"\nCPU: {cpu_name()}; {args.env}, {args.steps} GRPO steps per arm and round, {args.rounds} round(s), "
-          f"{args.nproc} ranks, from {args.model}; both arms: {args.common}")
+    setup = (f"CPU: {cpu_name()}; {args.env}, {args.steps} GRPO steps per arm and round, {args.rounds} round(s), "
+             f"{args.nproc} ranks, from {args.model}; both arms: {args.common}")
+    return report(runs, label, setup, args.nproc, args.out)
+
+
+def report(runs: dict, label: dict, setup: str, nproc: int, out: Path | None) -> int:
+    """The side-by-side table of the arms' runs; with `out`, the runs themselves saved (`--from` reprints them)."""
+    f = {arm: figures(runs[arm], nproc) for arm in "ab"}
+    print(f"\n{setup}")
     print(f"load average before -> after each run: a {f['a']['load']}, b {f['b']['load']}")
-    print(f"| per arm ({f['a']['steps']} / {f['b']['steps']} steady steps) | {label['a']} | {label['b']} | b / a |")
+    print(f"| per arm ({f['a']['steps']} / {f['b']['steps']} steps) | {label['a']} | {label['b']} | b / a |")
     print("|---|---|---|---|")
     rows = [("episodes per CPU-hour (steady)", "episodes_per_cpu_hour", "{:.0f}"),
             ("episodes with a non-zero advantage per CPU-hour (steady)", "useful_per_cpu_hour", "{:.0f}"),
@@ -147,15 +164,17 @@ def main(argv=None) -> int:
             ("non-zero-advantage episodes per CPU-hour, start-up included", "useful_per_cpu_hour_with_startup", "{:.0f}"),
             ("share of episodes with a non-zero advantage", "useful_share", "{:.2f}"),
             ("CPU s per step (all ranks)", "cpu_s_per_step", "{:.1f}"),
+            ("generate s per 1,000 sampled tokens (a rank's)", "generate_s_per_1k_tokens", "{:.1f}"),
+            ("update s per episode with a non-zero advantage (a rank's)", "update_s_per_useful_episode", "{:.1f}"),
             *((f"{key} (s, mean per step)", key, "{:.1f}") for key in TIMERS),
             ("CPU s of the arm's processes, start-up included", "cpu_s_with_startup", "{:.0f}"),
             ("wall s of the arm, start-up included", "wall_s_with_startup", "{:.0f}")]
     for name, key, fmt in rows:
         a, b = f["a"][key], f["b"][key]
         print(f"| {name} | {fmt.format(a)} | {fmt.format(b)} | {b / a if a else float('nan'):.2f} |")
-    if args.out:
-        args.out.write_text(json.dumps({"cpu": cpu_name(), "env": args.env, "steps": args.steps, "rounds": args.rounds,
-                                        "common": args.common, "arms": label, **f}, indent=1) + "\n")
+    if out:
+        out.write_text(json.dumps({"setup": setup, "label": label, "nproc": nproc, "runs": runs, "figures": f},
+                                  indent=1) + "\n")
     return 0
 
 

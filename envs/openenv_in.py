@@ -37,6 +37,7 @@ import importlib
 import inspect
 import json
 import re
+import time
 import typing
 
 from envs import _ACTION
@@ -220,6 +221,47 @@ class OpenEnv:
         reported = self.info.get("success", fields.get("success"))
         self.success = bool(reported) if isinstance(reported, bool) else bool(done and self.score() > 0)
         return text, self.score(), bool(done)
+
+
+def probe(url: str, wait: float = 30.0, task: int | None = None) -> str | None:
+    """Before a run starts: None when the OpenEnv server at `url` answers and accepts a reset of the first train
+    task (or of `task`), else one line saying what it answered and what to do. Waits up to `wait` seconds for a
+    server that is still starting (the README starts one in the background just before training)."""
+    import requests
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            schema = requests.get(f"{url}/schema", timeout=min(10.0, wait))
+            break
+        except requests.RequestException as exc:
+            if time.monotonic() >= deadline:
+                return (f"no OpenEnv server answers at {url} after {wait:g} s ({type(exc).__name__}); start it first, "
+                        f"e.g. bash run.sh python -m envs.openenv_serve --env textcraft --port 8000 &")
+            time.sleep(0.5)
+    if not schema.ok:
+        return f"the server at {url} answered GET /schema with {schema.status_code} {_reason(schema)}; is it an OpenEnv server?"
+    listing = requests.get(f"{url}/tasks", timeout=min(10.0, wait))
+    ids = listing.json().get("splits", {}).get("train") if listing.ok else None
+    first = task if task is not None else ids[0] if ids else IDS["train"][0]
+    answer = requests.post(f"{url}/reset", json={"seed": first}, timeout=min(60.0, max(wait, 10.0)))
+    if 400 <= answer.status_code < 500:
+        return f"the served env at {url} refused a reset of task {first}: {answer.status_code} {_reason(answer)}"
+    if not answer.ok:
+        return f"the served env at {url} failed a reset of task {first} ({answer.status_code}); see the server's log"
+    return None
+
+
+def _reason(answer) -> str:
+    """A server's answer in one line: its JSON `detail` (FastAPI's errors) or the start of its text."""
+    try:
+        detail = answer.json().get("detail", answer.text)
+    except ValueError:
+        detail = answer.text
+    if isinstance(detail, list):  # pydantic's validation errors: where, and what
+        detail = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" if isinstance(e, dict) else str(e)
+                           for e in detail)
+    return " ".join(str(detail).split())[:300]
 
 
 def _first_error(exc) -> str:

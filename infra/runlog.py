@@ -330,6 +330,18 @@ def plot_rewards(metrics_file: Path, png: Path, schedule) -> None:
     plt.close(fig)
 
 
+def env_errors(metrics_file: Path) -> int:
+    """How many of a run's training episodes ended as env_error, from its metrics.jsonl (each step's share of
+    them times its episodes; a resumed step counts once)."""
+    rows = {}
+    if Path(metrics_file).exists():
+        for line in Path(metrics_file).read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if "episodes" in row:
+                rows[row.get("step")] = round(row.get("end/env_error", 0.0) * row["episodes"])
+    return sum(rows.values())
+
+
 def rollout_metrics(episodes, horizon: int) -> dict:
     """The step's episodes over all ranks (a collective): mean reward, success, turns, reply tokens, the share
     of refused turns, and how episodes ended."""

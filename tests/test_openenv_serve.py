@@ -238,3 +238,23 @@ def test_a_seeded_fuzz_leaves_the_server_serving(server):
     assert max(statuses) < 500 and {200, 400, 422} <= statuses, statuses
     assert {"observation", "INVALID_JSON", "VALIDATION_ERROR", "EXECUTION_ERROR"} <= codes, codes
     expert_episode(server, BabyAI(brief=True).tasks("val")[2])
+
+
+def test_a_run_probes_a_served_env_before_it_starts(server):
+    """train.py as a client (checks.check): a server that is up and takes the run's tasks passes; one that refuses a
+    reset is one line with the server's reason; no server at all is one line saying how to start one."""
+    import checks
+    import config
+    from envs.openenv_in import probe
+    from tests.test_openenv import free_port
+    assert probe(server) is None
+    refused = probe(server, task=10**9)
+    assert refused.startswith(f"the served env at {server} refused a reset of task {10**9}: 400") and "/tasks" in refused
+    invalid = probe(server, task=-1)  # OpenEnv's own validation of the request: its field and message
+    assert invalid.startswith(f"the served env at {server} refused a reset of task -1: 422 body.seed: ")
+    assert "\n" not in refused + invalid
+    nobody = f"http://127.0.0.1:{free_port()}"
+    cfg = config.parse(["--env", f"openenv+{nobody}", "--env-timeout", "1"])
+    problem = checks.check(cfg, 2)
+    assert problem.startswith(f"no OpenEnv server answers at {nobody} after 1 s") and "openenv_serve" in problem
+    assert checks.check(config.parse(["--env", f"openenv+{server}"]), 2) is None

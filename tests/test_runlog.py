@@ -4,7 +4,7 @@ import subprocess
 
 import torch
 
-from infra.runlog import code_state, memory_mb, trim_heap
+from infra.runlog import code_state, env_errors, memory_mb, trim_heap
 
 
 def test_live_heap_follows_allocations_and_frees():
@@ -40,3 +40,16 @@ def test_code_state_counts_code_changes_and_not_the_results_a_run_writes(tmp_pat
     assert code_state(tmp_path) == (commit, False)
     (tmp_path / "train.py").write_text("x = 2\n")
     assert code_state(tmp_path) == (commit, True)
+
+
+def test_env_errors_counts_each_steps_episodes_once(tmp_path):
+    """The run's closing line about env_error episodes: each step's share times its episodes; a step logged twice
+    (a resumed run repeats its last step) counts once; a run without the file has none."""
+    import json
+    rows = [{"step": 0, "episodes": 32, "end/env_error": 0.0625}, {"step": 1, "episodes": 32, "end/env_error": 0.5},
+            {"step": 1, "episodes": 32, "end/env_error": 0.25}, {"step": 2, "eval/success": 0.4},
+            {"step": 2, "episodes": 16, "end/env_error": 0.0}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert env_errors(path) == 2 + 8 + 0
+    assert env_errors(tmp_path / "none.jsonl") == 0
