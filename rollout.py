@@ -35,6 +35,7 @@ from typing import Callable
 from infra import faults
 from infra.envcalls import abandoned, calls, replace_env
 from engine import Sample, Sampling, stop_ids
+from envs import has_action
 from infra.framing import Framing
 from gigpo import state_key
 
@@ -160,6 +161,8 @@ class Episode:
     success: bool = False
     turns: int = 0
     refused: int = 0            # turns whose action the env did not carry out (its `refused` flag)
+    cut: int = 0                # replies their token cap cut off (--max-tokens, or the room left in the context)
+    cut_before_action: int = 0  # of those, replies with no `Action:` line yet (the reply format the envs ask for)
     end: str = ""               # done | horizon | context | env_error
     error: str = ""
     messages: list[dict] = field(default_factory=list)    # the transcript, for logs
@@ -288,6 +291,9 @@ def rollout(actor, chat: ChatFormat, envs: list, make_env: Callable[[], object],
             episodes[i].append(s.ids, True, s.logprobs)
             episodes[i].turns += 1
             episodes[i].messages.append({"role": "assistant", "content": text})
+            if not (s.ids and s.ids[-1] in chat.stop_ids):  # no end-of-turn token: the cap stopped it
+                episodes[i].cut += 1
+                episodes[i].cut_before_action += not has_action(text)
             acted.append((i, s, text))
         t = time.perf_counter()
         results = calls(pool, [(envs[i].step, text) for i, _, text in acted], play.env_timeout)

@@ -115,6 +115,11 @@ def parse_action(text: str, max_chars: int = 300) -> tuple[str, str | None]:
     return action, None
 
 
+def has_action(text: str) -> bool:
+    """Whether a reply holds an `Action:` line, the line `parse_action` reads the action after."""
+    return _ACTION.search(text) is not None
+
+
 def agentgym_action(text: str, max_chars: int = 300) -> tuple[str, str | None]:
     """Extract the action as AgentGym's SciWorld and BabyAI clients did: drop a trailing `</s>`, split
     the reply on `Action:` (case-sensitive, anywhere) and take the text between the first and the second

@@ -343,9 +343,11 @@ def env_errors(metrics_file: Path) -> int:
 
 
 def rollout_metrics(episodes, horizon: int) -> dict:
-    """The step's episodes over all ranks (a collective): mean reward, success, turns, reply tokens, the share
-    of refused turns, and how episodes ended."""
-    rows = [(e.reward, e.success, e.turns, sum(e.mask), e.end, e.refused) for e in episodes]
+    """The step's episodes over all ranks (a collective): mean reward, success, turns, reply tokens, the shares
+    of refused turns and of replies their token cap cut off (before an `Action:` line, or at all), and how
+    episodes ended."""
+    rows = [(e.reward, e.success, e.turns, sum(e.mask), e.end, e.refused, e.cut, e.cut_before_action)
+            for e in episodes]
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, rows)
     rows = [r for part in gathered for r in part]
@@ -354,4 +356,6 @@ def rollout_metrics(episodes, horizon: int) -> dict:
     return {"reward": sum(r[0] for r in rows) / n, "success": sum(r[1] for r in rows) / n,
             "turns": sum(r[2] for r in rows) / n, "response_tokens": sum(r[3] for r in rows) / n,
             "refused": sum(r[5] for r in rows) / max(sum(r[2] for r in rows), 1),  # share of turns
+            "cut": sum(r[6] for r in rows) / max(sum(r[2] for r in rows), 1),
+            "cut_before_action": sum(r[7] for r in rows) / max(sum(r[2] for r in rows), 1),
             "horizon": horizon, "episodes": n, **{f"end/{k}": v for k, v in ends.items()}}

@@ -201,6 +201,31 @@ def test_the_best_reward_of_an_episode_is_kept_beside_its_last(engine, model_dir
     assert eps[0].turns == 3 and eps[0].reward == -1.0 and eps[0].best == 0.6 and eps[0].end == "done"
 
 
+class Written:
+    """An actor that writes the given replies through the engine's contract (token ids, their logprobs), each
+    ended by the end-of-turn token or not, as if its token cap cut it off: the tiny model never writes an
+    `Action:` line, and this needs some."""
+
+    def __init__(self, chat, replies):
+        self.chat, self.replies = chat, iter(replies)
+
+    def generate(self, prompts, params):
+        out = []
+        for _ in prompts:
+            text, stopped = next(self.replies)
+            ids = self.chat.encode(text) + (list(self.chat.stop_ids[:1]) if stopped else [])
+            out.append(engines.Sample(ids, [0.0] * len(ids)))
+        return out
+
+
+def test_replies_the_cap_cut_off_are_counted_and_those_cut_before_their_action(model_dir):
+    chat = ChatFormat(tokenizer_for(model_dir, "tiny"))
+    replies = [("Thought:\nfirst\n\nAction:\n1", True), ("Thought:\nsecond\n\nAction:\n2", False),
+               ("Thought:\nthe third runs on and on", False)]
+    eps, _ = rollout(Written(chat, replies), chat, [Digits(turns=3)], Digits, [(0, 0)], Play(3, max_tokens=48))
+    assert eps[0].turns == 3 and eps[0].cut == 2 and eps[0].cut_before_action == 1
+
+
 def test_env_that_raises_is_flagged_and_replaced(engine, model_dir):
     chat = ChatFormat(tokenizer_for(model_dir, "tiny"))
     tasks = [(t, t) for t in range(6)]
