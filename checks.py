@@ -202,7 +202,8 @@ def _numbers(cfg: Config, world: int) -> str | None:
         return f"--horizon: {exc}"
     for name in ("eval_every", "eval_tasks", "eval_turns", "bc_episodes", "train_layers", "env_timeout", "bc_seconds",
                  "bc_play_seconds", "rl_seconds", "lora_rank", "lora_dropout",
-                 "min_groups", "refusal_penalty", "bc_anchor", "bc_coef", "success_bonus"):
+                 "min_groups", "refusal_penalty", "bc_anchor", "bc_coef", "success_bonus", "dynamic_sampling",
+                 "sometimes_solved"):
         if getattr(cfg, name) < 0:
             return f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}"
     if cfg.bc_play_seconds and cfg.bc_actor != "policy":
@@ -227,6 +228,8 @@ def _numbers(cfg: Config, world: int) -> str | None:
         return f"{batch // world} episodes per rank cannot fill {cfg.mini_batches} mini-batches; lower --mini-batches"
     if ALGOS[cfg.algo].grouped and cfg.samples_per_task < 2:
         return f"--algo {cfg.algo} compares episodes of the same task; set --samples-per-task 2 or more"
+    if problem := _signal(cfg, world):
+        return problem
     if cfg.dual_clip and cfg.dual_clip <= 1:
         return f"--dual-clip must be > 1 (e.g. 3) or 0 to disable, got {cfg.dual_clip}"
     if cfg.max_tokens >= cfg.max_context:
@@ -234,6 +237,24 @@ def _numbers(cfg: Config, world: int) -> str | None:
     if not 0 < cfg.gpu_memory_utilization < 1:
         return (f"--gpu-memory-utilization must be in (0, 1), got {cfg.gpu_memory_utilization}: vLLM's share of "
                 "the GPU while it generates, e.g. 0.3 for a small model")
+    return None
+
+
+def _signal(cfg: Config, world: int) -> str | None:
+    """--dynamic-sampling and --sometimes-solved (studies/): what they need of the algorithm and the batch, and
+    no other study choosing the step's groups beside them."""
+    if cfg.curriculum and (cfg.dynamic_sampling or cfg.sometimes_solved):
+        return ("--curriculum chooses the step's tasks, and so do --dynamic-sampling and --sometimes-solved; give "
+                "one of them (the others 0 or off)")
+    if cfg.dynamic_sampling and not ALGOS[cfg.algo].grouped:
+        return (f"--dynamic-sampling replaces groups whose rewards are all equal, and --algo {cfg.algo} trains on "
+                "those too (its baseline is not the group's); use grpo, rloo or gigpo, or --dynamic-sampling 0")
+    if cfg.dynamic_sampling and cfg.samples_per_task % world:
+        return (f"--dynamic-sampling keeps or replaces whole groups on every rank; make --samples-per-task a "
+                f"multiple of the {world} ranks, or set --dynamic-sampling 0")
+    if cfg.sometimes_solved and cfg.samples_per_task < 2:
+        return ("--sometimes-solved weighs a task by the chance that its group's outcomes are mixed; set "
+                "--samples-per-task 2 or more")
     return None
 
 

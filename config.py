@@ -111,6 +111,14 @@ class Config:
     # published techniques above (docs/results.md reports each study, null results included)
     curriculum: bool = doc("draw each step's tasks by level, weighting a level by how often its groups were informative "
                            "(rewards not all equal) so far in the run; off: uniform shuffles of the train split", False)
+    dynamic_sampling: int = doc("DAPO's dynamic sampling (Yu et al. 2025) within a step: while fewer than "
+                                "--tasks-per-step of the step's groups had rewards that differ, play up to this many "
+                                "more rounds of fresh tasks, their informative groups taking the places of constant "
+                                "ones (studies/dynamic.py); 0: off", 0)
+    sometimes_solved: int = doc("draw each step's tasks preferring those the policy sometimes solves: a task weighs "
+                                "the chance that its group has mixed outcomes, from success estimates learnt from the "
+                                "run's own rollouts whose counts fade with this half-life in steps "
+                                "(studies/solved.py); 0: off, uniform shuffles of the train split", 0)
     positive_only: bool = doc("keep only the positive part of the advantages: episodes better than their group "
                               "are pushed up, worse ones are not pushed down (a filtered self-imitation of the "
                               "policy's own wins); rows left at 0 are skipped", False)

@@ -11,7 +11,8 @@ were constant and the few informative ones of a step often sat on one rank: that
 update while the other waited at the next collective (figures: docs/performance.md). Split groups keep the
 ranks level, and each rank's part of a group still shares its prompt in the update (infra/prefix.py).
 
-The studies' own draws and step timing (--curriculum, --min-groups) are in studies/curriculum.py.
+The studies' own draws and step timing are in studies/: --curriculum and --min-groups (curriculum.py),
+--dynamic-sampling (dynamic.py), --sometimes-solved (solved.py).
 """
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ is one step of AgentGym-RL (section 3; ScalingInter-RL, section 3.3), numbered a
   5. weight sync: full parameters streamed into every rank's generator (`distributed.sync`);
   6. log, evaluate on the validation split, checkpoint (`log_step`, `save`).
 
-The project's own studies beside the method (studies/) reach a step at two points, `run.studies.tasks`
-before the rollout and `run.studies.advantages` around step 3, which give back the method's own values
+The project's own studies beside the method (studies/) reach a step at two points, `run.studies.rollout`
+around step 1's rollout and `run.studies.advantages` around step 3, which give back the method's own values
 when every study is off (the default).
 
 Paper mode: `--tasks-file` trains on an AgentGym-RL-Data-ID task list and `--prompt-style agentgym`
@@ -187,14 +187,14 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     --rl-seconds has run out (the step then saved like a last step)."""
     cfg, d, t0, timing = run.cfg, run.d, time.perf_counter(), {}
     clock0, cpu0 = budget.now(cfg.budget_clock), time.process_time()  # --rl-seconds' clock (infra/budget.py)
-    # (1) the step's tasks and turn budget, then the rollout: this rank's contiguous share of the episodes
+    # (1) the step's tasks and turn budget, then the rollout of this rank's share of their episodes, through
+    # the studies' first hook: what they change of the tasks and of what the step plays (studies/; none by default)
     horizon = d.schedule.max_turns(step)
-    tasks = run.studies.tasks(step) or tasks_for_step(run.train_ids, step, cfg.tasks_per_step, cfg.seed)
-    mine = rank_share(tasks, cfg.samples_per_task, run.rank, run.world)  # every rank a part of every group
+    tasks = tasks_for_step(run.train_ids, step, cfg.tasks_per_step, cfg.seed)
+    play = run.play(horizon, play_seed(cfg.seed, step))
     with phase("generate"):  # its seconds split into generation, env steps and the rest (rollout's own timing)
         run.engine.wake()
-        episodes, rt = rollout(run.engine, run.chat, run.env_pool, run.make_env, mine,
-                               run.play(horizon, play_seed(cfg.seed, step)), run.threads, run.rank * run.per_rank)
+        episodes, rt = run.studies.rollout(step, tasks, lambda chosen, at: play_tasks(run, play, chosen, at))
         run.engine.sleep()
     timing.update({f"time/{k}": v for k, v in rt.items()})
     trim(cfg, timing)  # what generation freed, back to the system before the update (--trim-heap)
@@ -228,6 +228,15 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     if saves:
         save(run, step)
     return out_of_time
+
+
+def play_tasks(run: Run, play, tasks: list[int], first: int = 0):
+    """Step (1)'s rollout: this rank's contiguous share of the `samples_per_task` episodes of each of `tasks`
+    (stepplan.rank_share: every rank a part of every group), played as `play` (rollout.Play) says. `first`:
+    the index of the tasks' first episode among all the step plays (0 unless a study plays more: studies/)."""
+    mine = rank_share(tasks, run.cfg.samples_per_task, run.rank, run.world)
+    return rollout(run.engine, run.chat, run.env_pool, run.make_env, mine, play, run.threads,
+                   first + run.rank * run.per_rank)
 
 
 def trim(cfg, timing: dict) -> None:

@@ -17,7 +17,7 @@ one informative group (2 had none, 4 had two), and the run shifted one action's 
 once (docs/results.md, "What GRPO changes"). With K > 0, gradients add up over steps until their batches
 held K informative groups; the weights do not change in between, so the later rollouts are still
 on-policy and the pooled gradient is that of one larger batch (DAPO's dynamic sampling does this by
-generating more within a step). A step that saves a checkpoint always steps, so a resumed run accumulates
+generating more within a step: --dynamic-sampling, dynamic.py). A step that saves a checkpoint always steps, so a resumed run accumulates
 exactly as an uninterrupted one.
 
 Tests: python -m pytest tests/test_stepplan.py

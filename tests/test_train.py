@@ -57,6 +57,13 @@ def metrics(out):
     (Config(env="babyai", bc_anchor=8, bc_coef=-1), "--bc-coef must be >= 0"),
     (Config(train_layers=15), "--train-layers 15 but tiny has 2 decoder blocks"),
     (Config(checkpoint_format="zip"), "--checkpoint-format"),
+    (Config(dynamic_sampling=-1), "--dynamic-sampling must be >= 0"),
+    (Config(sometimes_solved=-3), "--sometimes-solved must be >= 0"),
+    (Config(dynamic_sampling=2, curriculum=True), "--curriculum chooses the step's tasks"),
+    (Config(sometimes_solved=5, curriculum=True), "--curriculum chooses the step's tasks"),
+    (Config(dynamic_sampling=2, algo="reinforce++"), "--algo reinforce++ trains on those too"),
+    (Config(dynamic_sampling=2, tasks_per_step=2, samples_per_task=3), "multiple of the 2 ranks"),
+    (Config(sometimes_solved=5, algo="reinforce++", samples_per_task=1, tasks_per_step=2), "--sometimes-solved weighs"),
 ])
 def test_config_check_names_the_fix(cfg, needle):
     problem = checks.check(cfg, world=2)
@@ -287,3 +294,34 @@ def test_rl_seconds_ends_the_run_with_a_saved_last_step(tmp_path, clock):
     whole = rows[0]["time/cpu_step"] * 2 if clock == "cpu" else rows[0]["time/step"]
     assert 0.01 <= rows[0]["budget/used"] <= whole * 1.5 + 0.05
     assert f"train ({clock} s of --rl-seconds)" in proc.stderr and "/50 [" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_and_sometimes_solved_through_a_resumed_run(tmp_path):
+    """Every group constant (tests.support.toy:ByTask): each step plays its 2 extra rounds of fresh tasks and
+    trains on its first round's groups; --sometimes-solved learns from all 3 rounds, and the resumed run
+    draws step 2 from the estimates it replayed. Each step logs how many replies the cap cut off."""
+    from studies.solved import SolveRates
+    from tests.support.toy import ByTask
+
+    out = tmp_path / "run"
+    common = ["--env", "tests.support.toy:ByTask", "--engine", "torch", "--horizon", "1", "--max-tokens", "4",
+              "--tasks-per-step", "2", "--samples-per-task", "2", "--dynamic-sampling", "2", "--sometimes-solved", "4",
+              "--kl-coef", "0", "--out", str(out)]
+    torchrun(common + ["--steps", "2", "--save-every", "1"])
+    torchrun(common + ["--steps", "3", "--resume"])
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["dynamic/rounds"] == 3 and r["dynamic/played"] == 12 and r["episodes"] == 4 for r in rows)
+    assert all(r["skipped"] == 1.0 for r in rows)  # at the cap the step trains on its constant groups (no KL term)
+    assert all(0 <= r["cut_before_action"] <= r["cut"] <= 1 for r in rows)
+    lines = [json.loads(line) for line in (out / "solved.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 1, 2]
+    for line in lines:  # 3 rounds x 2 fresh tasks, 2 episodes each, solved exactly on the odd tasks
+        assert len(line["outcomes"]) == 6 and all(n == 2 and s == 2 * (t % 2) for t, s, n in line["outcomes"])
+    env = ByTask()
+    replayed = SolveRates(env.tasks("train"), env.subtask, 2, 4, 0, out / "solved.jsonl", start=2)
+    used: set = set()
+    for r in range(3):
+        used.update(replayed.tasks(2, 2, r, used))
+    assert used == {t for t, _, _ in lines[2]["outcomes"]}

@@ -4,6 +4,8 @@
 [0, 1]); a random tiny model starts near 0 and GRPO can raise it within a minute or two of CPU.
 `Exploding`: like Digits but raises from `step` at a chosen turn, to test that a failing env is
 flagged without stopping the other episodes.
+`ByTask`: one turn, solved (reward 1) on odd tasks and failed (0) on even ones whatever the reply: every
+group is constant (studies/: --dynamic-sampling, --sometimes-solved).
 """
 from __future__ import annotations
 
@@ -45,3 +47,10 @@ class Exploding(Digits):
         if self.task_id % 2 == 1 and self.t + 1 == self.explode_at:
             raise RuntimeError("simulator fell over")
         return super().step(text)
+
+
+class ByTask(Digits):
+    def step(self, text: str) -> tuple[str, float, bool]:
+        self.t += 1
+        self.success = self.task_id % 2 == 1
+        return "Done.", float(self.success), True
