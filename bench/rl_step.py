@@ -82,21 +82,22 @@ def figures(runs: list[dict], nproc: int) -> dict:
     """An arm's runs as per-CPU-hour figures (module docstring)."""
     steady = every = [r for run in runs for r in run["rows"]]
     cpu_step = sum(r["time/cpu_step"] * nproc for r in steady)  # time/cpu_step is logged as the ranks' mean
-    episodes = sum(r["episodes"] for r in steady)
+    played = lambda r: r.get("dynamic/played", r["episodes"])  # noqa: E731  (--dynamic-sampling plays more than it trains)
+    episodes = sum(played(r) for r in steady)
     useful = sum(r["episodes"] * (1 - r["skipped"]) for r in steady)
     total_cpu = sum(run["cpu_s"] for run in runs)
     out = {"steps": len(steady), "episodes_per_step": episodes / len(steady),
            "cpu_s_per_step": cpu_step / len(steady),
            "episodes_per_cpu_hour": 3600 * episodes / cpu_step, "useful_per_cpu_hour": 3600 * useful / cpu_step,
            "useful_share": useful / episodes,
-           "episodes_per_cpu_hour_with_startup": 3600 * sum(r["episodes"] for r in every) / total_cpu,
+           "episodes_per_cpu_hour_with_startup": 3600 * sum(played(r) for r in every) / total_cpu,
            "useful_per_cpu_hour_with_startup": 3600 * sum(r["episodes"] * (1 - r["skipped"]) for r in every) / total_cpu,
            "cpu_s_with_startup": total_cpu, "wall_s_with_startup": sum(run["wall_s"] for run in runs),
            "load": [run["load"] for run in runs]}
     out.update({key: mean(steady, key) for key in TIMERS})
     # per unit of work, so that steps of different luck compare: a rank's generate seconds per 1,000 tokens it
     # sampled, and its update seconds per episode that carried a gradient
-    sampled = sum(r["response_tokens"] * r["episodes"] / nproc for r in steady)
+    sampled = sum(r["response_tokens"] * r["episodes"] / nproc for r in steady)  # the trained episodes' replies
     out["generate_s_per_1k_tokens"] = 1000 * sum(r["time/generate"] for r in steady) / sampled
     out["update_s_per_useful_episode"] = (sum(r["time/update"] for r in steady) / (useful / nproc)
                                           if useful else float("nan"))
@@ -110,7 +111,7 @@ def mean(rows: list[dict], key: str) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="the warm-started model directory both arms start from")
+    p.add_argument("--model", help="the warm-started model directory both arms start from (required unless --from)")
     p.add_argument("--env", default="babyai")
     p.add_argument("--steps", type=int, default=2, help="GRPO steps per arm")
     p.add_argument("--seed", type=int, default=0)
@@ -127,6 +128,8 @@ def main(argv=None) -> int:
     if args.saved:
         saved = json.loads(args.saved.read_text())
         return report(saved["runs"], saved["label"], saved["setup"], saved["nproc"], None)
+    if not args.model:
+        p.error("--model is required (or --from a saved run)")
     if not (Path(args.model) / "config.json").exists() or not any(Path(args.model).glob("*.safetensors")):
         raise SystemExit(f"error: {args.model} is not a model directory (no config.json or no *.safetensors "
                          f"weights); give a run's warmstart/")
