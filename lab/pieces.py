@@ -186,8 +186,9 @@ def measure(out: Path, kind: str, world: int) -> dict:
         rows = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines() if line.strip()]
         means = task_means(rows)
         return {"success": sum(means.values()) / max(len(means), 1), "tasks": len(means), "episodes": len(rows)}
-    if kind == "rl":
+    if kind == "rl":  # a resumed run logs again the steps after its checkpoint: the last row of a step counts
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        rows = list({r.get("step"): r for r in rows}.values())
         return {"steps": len(rows), "episodes_played": int(sum(r.get("episodes", 0) for r in rows)),
                 "budget_cpu_s": round(sum(r.get("time/cpu_step", 0.0) * world for r in rows), 1),
                 "train_success": rows[-1].get("success") if rows else None, "weights_sha256": fingerprint(out)}
