@@ -4,6 +4,8 @@ the environment add anything, and does RL add more than imitating one's own succ
     python -m lab.protocol --env babyai --seed 0          # runs (or resumes) every piece, publishing as it goes
     python -m lab.protocol --env babyai --seed 0 --plan   # prints its settings (sizes, screen, rule), runs nothing
     python -m lab.protocol --env babyai --seed 0 --status # each piece done or to run, and the time left
+    python -m lab.protocol --env babyai --seed 0 --scale ladder --runs runs/protocol-babyai-seed0-ladder \
+        --results results/protocol-babyai-seed0-ladder    # the second version: the curve (lab/ladder.py)
 
 Earlier tables compared GRPO with imitation that drew unlimited fresh demonstrations from a near-perfect
 expert: that asks whether the expert is worth more than the environment (it is, at this scale), not
@@ -38,6 +40,10 @@ setting) from its checkpoint with the CPU seconds it had left (a crashed imitati
 again; evaluate.py resumes itself); on a machine with an empty runs/ it builds again only the models an
 unfinished piece starts from. A started folder keeps the settings its protocol.json records (a flag or code
 that contradicts them is refused: recorded_scale, recorded_code).
+
+The second version (a Scale with a `ladder`, e.g. --scale ladder) replaces step 4's single budget with rungs
+of CPU-hours: each arm scored on validation at every rung, its best rung tested, under rules written before
+any rung ran (lab/ladder.py); the curve is lab/curve.py's. A folder of the first version keeps running it.
 Test: python -m pytest tests/test_protocol.py
 """
 from __future__ import annotations
@@ -50,6 +56,7 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from lab import ladder
 from lab.pieces import Pieces, other_machine
 from lab.tables import protocol_summary
 
@@ -78,6 +85,16 @@ class Scale:
     train_extra: tuple = ()      # more train.py flags (the smoke scale's engine and sizes)
     eval_extra: tuple = ()       # more evaluate.py flags
     name: str = "full"           # the preset these sizes began from (SCALES), flags on top of it
+    # The second version (lab/ladder.py): each arm's validation at rungs of its own CPU-hours from W*, the arms'
+    # test models their best rungs. Empty: the one-budget protocol above (arm_cpu), as its folders ran.
+    ladder: tuple = ()           # CPU-hours of each rung from W*, increasing
+    stop_rung: float = 0.0       # RL's stop rule: the rung (CPU-hours) whose validation must beat W*'s by
+    stop_points: float = 0.0     # at least these points, or RL and the ladder stop there (ladder.STOP)
+    min_episodes: int = 0        # RL's episodes by its last rung; short of them the ladder stretches (ladder.STRETCH)
+    rl_step_cpu: float = 130.0   # the fewest CPU seconds a rung may add: one RL step's (110-130 in the folders)
+
+
+LADDER = ("ladder", "stop_rung", "stop_points", "min_episodes", "rl_step_cpu")  # fields the one-budget version lacks
 
 
 SCALES = {
@@ -88,6 +105,16 @@ SCALES = {
                                 "2", "--samples-per-task", "2", "--max-tokens", "8"),
                    eval_extra=("--engine", "hf", "--max-tokens", "8")),
 }
+# The ladder (docs/protocol.md, "The curve"): a plateau that is one (120 validation tasks x 2 samples, BabyAI's
+# validation split having 200; patience 3), then every arm at 1, 2, 4 and 8 CPU-hours of its own; RL stops
+# at 4 unless 2 points above W* there, and plays at least 10,000 episodes (published agent-RL gains used
+# 19,000-38,000). Each screened setting gets the first rung's CPU seconds.
+SCALES["ladder"] = replace(SCALES["full"], name="ladder", val_k=2, patience=3, max_epochs=20, screen_cpu=3600.0,
+                           ladder=(1.0, 2.0, 4.0, 8.0), stop_rung=4.0, stop_points=2.0, min_episodes=10_000)
+# Its machinery in a few minutes: one rung of about a CPU second (an RL step of the tiny model or more); a stop
+# rule that never stops (W* - 100 points); more episodes than that rung plays, so the ladder stretches by a rung.
+SCALES["ladder-smoke"] = replace(SCALES["smoke"], name="ladder-smoke", max_epochs=1, test_k=1, ladder=(0.0003,),
+                                 stop_rung=0.0003, stop_points=-100.0, min_episodes=12, rl_step_cpu=1.0)
 
 # RL settings screened from W* (written before any result). Each names what it changes from the
 # recipe (recipes.smollm2: GRPO, token-mean, the group std, temperature 1, 8 tasks x 4 samples,
@@ -166,14 +193,14 @@ class Protocol:
         """Imitation only (--steps 0) from `model`: the finite set, or W*'s own play with actor='policy'."""
         actor = kw.get("actor", "expert")
         episodes = self.scale.self_episodes if actor == "policy" else self.scale.demo_tasks
-        tasks_seed = self.demo_seed + (1 if actor == "policy" else 0)  # self-play: other train tasks
+        tasks_seed = kw.get("tasks_seed", self.demo_seed + (1 if actor == "policy" else 0))  # self-play: other tasks
         return self.train(out, "--model", model, "--steps", "0", "--bc-episodes", str(episodes), "--bc-actor", actor,
                           "--bc-tasks-seed", str(tasks_seed), "--bc-epochs", str(kw.get("epochs", 1)),
                           "--bc-seconds", str(kw.get("seconds", 0)), "--seed", str(seed),
                           *(["--bc-play-seconds", str(kw["play_seconds"])] if kw.get("play_seconds") else []))
 
-    def rl(self, out: Path, setting: str, seconds: float) -> list[str]:
-        return self.train(out, "--model", str(self.wstar()), "--bc-episodes", "0", "--steps", "100000",
+    def rl(self, out: Path, setting: str, seconds: float, steps: int = 100_000) -> list[str]:
+        return self.train(out, "--model", str(self.wstar()), "--bc-episodes", "0", "--steps", str(steps),
                           "--rl-seconds", str(seconds), "--save-every", "4", "--seed", str(self.seed),
                           *self.screen[setting])
 
@@ -232,16 +259,18 @@ class Protocol:
                                   indent=1) + "\n")
         return choice
 
-    def rl_piece(self, name: str, setting: str, seconds: float, reuse: bool = False) -> dict:
-        """An RL piece (a screened setting, arm A) under `setting` for `seconds` CPU seconds. One that crashed (or
-        whose machine stopped) after a checkpoint (every 4 steps) resumes from it with the seconds it had left,
-        instead of starting again."""
+    def rl_piece(self, name: str, setting: str, seconds: float, reuse: bool = False, steps: int = 100_000,
+                 **info) -> dict:
+        """An RL piece (a screened setting, arm A, a rung) under `setting` until `seconds` CPU seconds (or step
+        `steps`). One that crashed (or whose machine stopped) after a checkpoint (every 4 steps), or a rung
+        carried over from the last, resumes from it with the seconds it had left, instead of starting again."""
         out = self.runs / name
         if self.pieces.done(name, reuse) is None and (out / "checkpoints" / "latest").exists():
             left = seconds - rl_cpu_spent(out, self.nproc)
-            return self.pieces.run(name, lambda: self.rl(out, setting, max(left, 1e-3)) + ["--resume"], "rl",
-                                   fresh=False, setting=setting, resumed=True)
-        return self.pieces.run(name, lambda: self.rl(out, setting, seconds), "rl", reuse=reuse, setting=setting)
+            return self.pieces.run(name, lambda: self.rl(out, setting, max(left, 1e-3), steps) + ["--resume"], "rl",
+                                   fresh=False, setting=setting, resumed=True, **info)
+        return self.pieces.run(name, lambda: self.rl(out, setting, seconds, steps), "rl", reuse=reuse,
+                               setting=setting, **info)
 
     def screen_model(self, name: str) -> Path:
         self.rl_piece(f"screen-{name}", name, self.scale.screen_cpu)
@@ -259,21 +288,32 @@ class Protocol:
 
     def settings(self) -> dict:
         """What protocol.json records: every setting a piece of this folder ran under."""
-        return {"env": self.env, "seed": self.seed, "demo_seed": self.demo_seed, "scale": asdict(self.scale),
-                "recipe": self.recipe, "turns": self.turns, "screen": self.screen, "rule": RULE}
+        scale = {k: v for k, v in asdict(self.scale).items() if self.scale.ladder or k not in LADDER}
+        return {"env": self.env, "seed": self.seed, "demo_seed": self.demo_seed, "scale": scale,
+                "recipe": self.recipe, "turns": self.turns, "screen": self.screen, "rule": RULE,
+                **({"ladder_rules": ladder.RULES} if self.scale.ladder else {})}
 
     def main(self) -> Path:
         self.results.mkdir(parents=True, exist_ok=True)
-        (self.results / "protocol.json").write_text(json.dumps(self.settings(), indent=1) + "\n")
+        if not (self.results / "protocol.json").exists():  # once, before any piece: a rerun was checked against it
+            (self.results / "protocol.json").write_text(json.dumps(self.settings(), indent=1) + "\n")
         self.demos()
         self.plateau()
         setting = self.screened()
-        arms = {"W*": None, "rl": self.arm_rl(setting), "imitation": self.arm_imitation("imitation", self.seed * 100 + 50),
-                "self": self.arm_imitation("self", self.seed * 100 + 60, actor="policy",
-                                           play_seconds=self.scale.arm_cpu * self.scale.self_play_share)}
-        models = {"W*": self.wstar, "rl": lambda: self.runs / "arm-rl",
-                  "imitation": lambda: self.runs / "arm-imitation" / "warmstart",
-                  "self": lambda: self.runs / "arm-self" / "warmstart"}
+        if self.scale.ladder:  # the second version: the arms' rungs, their best rungs tested (lab/ladder.py)
+            climb = ladder.Ladder(self)
+            decided = climb.climb(setting)
+            arms = {"W*": None, **{arm: climb.arm_record(arm, decided) for arm in ladder.ARMS}}
+            models = {"W*": self.wstar, **{arm: lambda arm=arm: climb.test_model(arm, decided, setting)
+                                           for arm in ladder.ARMS}}
+        else:
+            arms = {"W*": None, "rl": self.arm_rl(setting),
+                    "imitation": self.arm_imitation("imitation", self.seed * 100 + 50),
+                    "self": self.arm_imitation("self", self.seed * 100 + 60, actor="policy",
+                                               play_seconds=self.scale.arm_cpu * self.scale.self_play_share)}
+            models = {"W*": self.wstar, "rl": lambda: self.runs / "arm-rl",
+                      "imitation": lambda: self.runs / "arm-imitation" / "warmstart",
+                      "self": lambda: self.runs / "arm-self" / "warmstart"}
         for label, model in models.items():
             self.pieces.run(f"test-{SLUG[label]}", lambda: self.evaluate(
                 model(), self.runs / f"test-{SLUG[label]}", self.scale.test_split, self.scale.test_tasks,
@@ -288,8 +328,11 @@ class Protocol:
             published.publish(None, self.results / "test", evals)
         rl = labels["rl"]  # the issue's goals: RL - W* and RL - B at least +5 points, intervals above 0; RL - C reported
         goals = [(rl, labels["W*"], GOAL_POINTS), (rl, labels["imitation"], GOAL_POINTS), (rl, labels["self"], None)]
-        (self.results / "summary.md").write_text(protocol_summary(self.results, evals, arms,
-                                                                     published.REFUSALS.get(self.env, ()), goals))
+        summary = protocol_summary(self.results, evals, arms, published.REFUSALS.get(self.env, ()), goals)
+        if self.scale.ladder:  # the curve: its table in summary.md, its picture beside it (lab/curve.py)
+            from lab import curve
+            summary += curve.report(self.results)
+        (self.results / "summary.md").write_text(summary)
         print((self.results / "summary.md").read_text())
         return self.results
 
@@ -308,16 +351,16 @@ class Protocol:
         wall_per_cpu = sum(r["wall_s"] for r in epochs) / max(sum(r["cpu_s"] for r in epochs), 1e-9)
         guess = {"epoch": epoch_s, "val": per_episode * self.scale.val_tasks * self.scale.val_k,
                  "screen": self.scale.screen_cpu * wall_per_cpu, "arm": self.scale.arm_cpu * wall_per_cpu,
-                 "test": per_episode * self.scale.test_tasks * self.scale.test_k}
+                 "rung": 0.0, "test": per_episode * self.scale.test_tasks * self.scale.test_k}
         known = bool(epochs and vals)  # a fresh folder has nothing to estimate from
 
-        def piece(name: str, family: str, show=lambda r: "") -> None:
+        def piece(name: str, family: str, show=lambda r: "", seconds: float | None = None) -> None:
             nonlocal left
-            r = rec(name)
+            r, wall = rec(name), guess[family] if seconds is None else seconds
             if r is None:
-                left += guess[family]
+                left += wall
             lines.append(f"  {name:<24} {'done' if r else 'to run':<7} " + (
-                f"{r['wall_s']:>6.0f} s  {show(r)}" if r else f"~{guess[family]:>5.0f} s" if known else "~?"))
+                f"{r['wall_s']:>6.0f} s  {show(r)}" if r else f"~{wall:>5.0f} s" if known else "~?"))
         success = lambda r: f"success {100 * r['success']:.1f}%"  # noqa: E731
         decided = self.results / "plateau.json"
         plateau = json.loads(decided.read_text()) if decided.exists() else None
@@ -334,9 +377,12 @@ class Protocol:
         for name in self.screen if self.seed == 0 else []:
             piece(f"screen-{name}", "screen", lambda r: f"{r.get('steps')} RL steps")
             piece(f"val-screen-{name}", "val", success)
-        lines.append("arms:")
-        for slug in ("rl", "imitation", "self"):
-            piece(f"arm-{slug}", "arm", lambda r: f"{r.get('budget_cpu_s', 0):.0f} budgeted CPU s")
+        if self.scale.ladder:
+            lines += self.rungs_status(piece, success, wall_per_cpu)
+        else:
+            lines.append("arms:")
+            for slug in ("rl", "imitation", "self"):
+                piece(f"arm-{slug}", "arm", lambda r: f"{r.get('budget_cpu_s', 0):.0f} budgeted CPU s")
         lines.append("test:")
         for slug in SLUG.values():
             piece(f"test-{slug}", "test", success)
@@ -348,6 +394,35 @@ class Protocol:
                + ("" if plateau else ", and more epochs while validation rises")) if known else \
             "left: not estimated yet (the folder records no epoch and validation to estimate from)"
         return "\n".join([f"{self.results} ({self.runs}):", *lines, end]) + "\n"
+
+    def rungs_status(self, piece, success, wall_per_cpu: float) -> list[str]:
+        """--status's rungs (lab/ladder.py): each arm's rungs, done or to run, and the ladder's decisions once
+        made. Undecided, every listed rung of every arm is counted (B and C may stop sooner, at their plateau), and a
+        stretch rung where RL's recorded rungs, at their episodes per CPU second, fall short of min_episodes."""
+        s, decided = self.scale, self.results / "ladder.json"
+        if decided.exists():
+            made = json.loads(decided.read_text())
+            hours, climbed = made["hours"], {arm: len(rs) for arm, rs in made["arms"].items()}
+            said = [f"ladder decided: rungs {', '.join(f'{h:g}' for h in hours)} CPU-hours; best rungs "
+                    + ", ".join(f"{arm} {k}" for arm, k in made["best"].items())]
+        else:
+            hours, climbed = list(s.ladder), {}
+            said = [f"ladder: rungs {', '.join(f'{h:g}' for h in s.ladder)} CPU-hours"]
+            rl = [r for k in range(1, len(hours) + 1) if (r := self.pieces.recorded(f"rl-{k}"))]
+            if rl and rl[-1]["budget_cpu_s"] and (rate := rl[-1]["episodes_played"] / rl[-1]["budget_cpu_s"]) > 0:
+                if rate * ladder.HOUR * hours[-1] < s.min_episodes:  # the stretch, at RL's episodes per CPU s so far
+                    hours.append(s.min_episodes / rate / ladder.HOUR)
+                    said.append(f"  RL plays about {rate * ladder.HOUR:.0f} episodes a CPU-hour: a stretch rung at "
+                                f"about {hours[-1]:.2f} CPU-hours to reach {s.min_episodes}")
+        lines = [*said]
+        for arm in ladder.ARMS:
+            lines.append(f"{arm}:")
+            for k in range(1, climbed.get(arm, len(hours)) + 1):
+                added = ladder.HOUR * (hours[k - 1] - (hours[k - 2] if k > 1 else 0.0))
+                piece(f"{arm}-{k}", "rung", lambda r: f"{r.get('budget_cpu_s', 0):.0f} budgeted CPU s",
+                      seconds=added * wall_per_cpu)
+                piece(f"val-{arm}-{k}", "val", success)
+        return lines
 
     def demos(self) -> None:
         """demos.json: the finite set's task ids, drawn as the warm start draws them (warmstart.demo_tasks)."""
@@ -384,6 +459,8 @@ def recorded_scale(results: Path, requested: Scale, given: dict) -> Scale:
     fields = asdict(requested)
     kept = {k: tuple(v) if isinstance(v, list) else v
             for k, v in json.loads(path.read_text())["scale"].items() if k in fields}
+    for k in LADDER:  # a folder from before the ladder existed ran the one-budget version
+        kept.setdefault(k, getattr(Scale(), k))
     if "name" not in kept:  # a folder from before presets were named: the preset it equals, if any
         if guess := next((n for n, sc in SCALES.items() if all(asdict(sc)[k] == v for k, v in kept.items())), None):
             kept["name"] = guess
@@ -408,6 +485,7 @@ def recorded_code(proto: Protocol) -> str | None:
     before, now = json.loads(path.read_text()), json.loads(json.dumps(proto.settings()))
     differ = [k for k in ("env", "seed", "recipe", "turns", "screen", "rule", "demo_seed")
               if k in before and before[k] != now[k]]
+    differ += ["ladder_rules"] if before.get("ladder_rules") != now.get("ladder_rules") else []  # the ladder's rules
     if not differ:
         return None
     if {"env", "seed"} & set(differ):
@@ -428,17 +506,21 @@ def check(args) -> str | None:
         return f"--self-play-share must be in (0, 1), got {s.self_play_share}: arm C must both play and imitate"
     if s.demo_tasks < 1 or s.val_tasks < 1 or s.test_tasks < 1 or s.self_episodes < 1:
         return "--demo-tasks, --val-tasks, --test-tasks and --self-episodes must be positive"
+    if problem := check_ladder(s):
+        return problem
     import envs
     from infra import recipes
     if not hasattr(envs.env_class(args.env), "expert"):
         return f"{args.env} has no expert to demonstrate (env.expert()); the protocol needs one"
     env = envs.make(args.env, **json.loads(recipes.smollm2(args.env)["env_options"]))
     try:
-        train, test = env.tasks("train"), env.tasks(s.test_split)
+        train, val, test = env.tasks("train"), env.tasks("val"), env.tasks(s.test_split)
     except ValueError as exc:
         return f"--test-split: {exc}"
     finally:
         env.close()
+    if s.val_tasks > len(val):
+        return f"--val-tasks {s.val_tasks}: the validation split has {len(val)} tasks (more samples: --val-k)"
     if s.demo_tasks > len(train):
         return (f"--demo-tasks {s.demo_tasks}: the expert cannot fill it, {args.env} has {len(train)} train tasks; "
                 f"ask for at most {len(train)}")
@@ -447,15 +529,36 @@ def check(args) -> str | None:
     return None
 
 
+def check_ladder(s: Scale) -> str | None:
+    """The ladder's bad input (lab/ladder.py), one line: rungs that do not rise, a rung that adds less than one
+    RL step, a stop rule naming a rung the ladder does not have."""
+    if not s.ladder:
+        return None
+    if any(h <= 0 for h in s.ladder) or any(b <= a for a, b in zip(s.ladder, s.ladder[1:])):
+        return f"--ladder {','.join(f'{h:g}' for h in s.ladder)}: the rungs (CPU-hours) must be positive and rising"
+    added = min(b - a for a, b in zip((0.0, *s.ladder), s.ladder)) * ladder.HOUR
+    if added < s.rl_step_cpu:
+        return (f"--ladder: a rung adds {added:g} CPU s, under one RL step at this scale ({s.rl_step_cpu:g} CPU s): "
+                f"two rungs would score the same model")
+    if s.stop_rung not in s.ladder:
+        return (f"--stop-rung {s.stop_rung:g}: the ladder has no such rung (its rungs: "
+                f"{', '.join(f'{h:g}' for h in s.ladder)} CPU-hours)")
+    if s.min_episodes < 0:
+        return f"--min-episodes must be 0 or more, got {s.min_episodes}"
+    return None
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="The finite-demonstrations protocol (lab/protocol.py's docstring).")
     p.add_argument("--env", default="babyai")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale", default=None, choices=sorted(SCALES), help="the sizes' preset (default full)")
-    for name in ("demo_tasks", "patience", "max_epochs", "val_tasks", "test_tasks", "self_episodes"):
+    for name in ("demo_tasks", "patience", "max_epochs", "val_tasks", "val_k", "test_tasks", "self_episodes",
+                 "min_episodes"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
-    for name in ("arm_cpu", "screen_cpu", "self_play_share"):
+    for name in ("arm_cpu", "screen_cpu", "self_play_share", "stop_rung", "stop_points"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=None)
+    p.add_argument("--ladder", type=rungs, default=None, help="the rungs' CPU-hours, e.g. 1,2,4,8 (lab/ladder.py)")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--runs", default="runs/protocol-{env}-seed{seed}")
     p.add_argument("--results", default="results/protocol-{env}-seed{seed}")
@@ -481,7 +584,8 @@ def main(argv=None) -> None:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
     if args.plan:
-        print(json.dumps({"scale": asdict(scale), "screen": proto.screen, "rule": RULE, "turns": proto.turns}, indent=1))
+        print(json.dumps({"scale": asdict(scale), "screen": proto.screen, "rule": RULE, "turns": proto.turns,
+                          **({"ladder_rules": ladder.RULES} if scale.ladder else {})}, indent=1))
         return
     if args.status:
         print(proto.status(), end="")
@@ -491,6 +595,14 @@ def main(argv=None) -> None:
         raise SystemExit(2)
     proto.runs.mkdir(parents=True, exist_ok=True)
     proto.main()
+
+
+def rungs(text: str) -> tuple:
+    """--ladder's value: CPU-hours separated by commas."""
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected CPU-hours separated by commas, like 1,2,4,8; got {text!r}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """The study's command line: a result folder's tables, a result folder made from a run and its
 evaluations, one recipe's seeds side by side, a run's report.html, or the before/after table of
 evaluate.py outputs. The numbers are lab/stats.py's; result folders are lab/results.py's, their tables
-lab/tables.py's; the run report is lab/runreport.py's. Run it from the repository's root:
+lab/tables.py's; the run report is lab/runreport.py's, a protocol ladder's curve lab/curve.py's. Run it
+from the repository's root:
 
     python -m lab.report --publish runs/babyai-smollm2 results/babyai-smollm2 untrained=runs/.../eval-untrained ...
     python -m lab.report results/babyai-smollm2          # every table of that folder, from its files only
+    python -m lab.report results/protocol-babyai-seed0-ladder   # a protocol ladder's curve.png and its table
     python -m lab.report runs/babyai-grpo [LABEL=EVAL_DIR ...]   # the run's report.html (lab/runreport.py)
     python -m lab.report --unpack results/NAME/evals/untrained runs/eval-untrained   # a published evaluation back
     python -m lab.report --refresh results/NAME          # its action counts made again from its transcripts
@@ -24,6 +26,7 @@ from lab.tables import render, seeds_table
 
 USAGE = """usage:
   python -m lab.report results/NAME                      the tables of a result folder, from its files only
+                                                         (a protocol ladder's folder: curve.png and its table)
   python -m lab.report results/A results/B ...           one recipe's seeds: each paired difference per seed, the mean
   python -m lab.report --publish RUN_DIR results/NAME [--control CONTROL_DIR] [LABEL=EVAL_DIR ...]
                                                          make a result folder (RUN_DIR: train.py's --out, or -;
@@ -55,6 +58,9 @@ def main(args: list[str]) -> None:
     elif "=" not in args[0] and (Path(args[0]) / "metrics.jsonl").exists() and all("=" in a for a in args[1:]):
         evals = [(label, Path(d)) for label, d in (a.split("=", 1) for a in args[1:])]
         print(f"report: {runreport.write(Path(args[0]), evals)}")
+    elif len(args) == 1 and (Path(args[0]) / "ladder.json").exists():  # lab/ladder.py's folder: its curve
+        from lab import curve
+        print(curve.report(Path(args[0])) + f"\ncurve: {Path(args[0]) / 'curve.png'}")
     elif len(args) > 1 and all((Path(a) / "manifest.json").exists() for a in args):
         print(seeds_table([Path(a) for a in args]), end="")
     elif len(args) == 1 and "=" not in args[0]:
