@@ -73,6 +73,18 @@ def record(name: str, tasks: list[int], turns: int) -> list[dict]:
     return out
 
 
+def wait_healthy(url: str, seconds: float = 300.0) -> None:
+    """Until the server at `url` answers GET /health (importing OpenEnv's server takes a while on a busy machine)."""
+    import requests
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"{url}/health", timeout=1).ok:
+                return
+        except requests.ConnectionError:
+            time.sleep(0.2)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -159,14 +171,7 @@ def bench(name: str, args) -> dict:
                              "--sessions", str(args.sessions), "--env-options", json.dumps(OPTIONS.get(name, {}))],
                             cwd=ROOT)
     try:
-        import requests
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"{url}/health", timeout=1).ok:
-                    break
-            except requests.ConnectionError:
-                time.sleep(0.2)
+        wait_healthy(url)
         load = Load(url, psutil.Process(proc.pid), episodes, args.episodes)
         seconds = asyncio.run(load.run(args.sessions))
         refused, freed, free_s = asyncio.run(load.cap_and_drops(args.sessions, args.extra, tasks[0]))

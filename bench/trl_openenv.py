@@ -134,7 +134,7 @@ def main() -> None:
     import envs
     from bench.machine import cpu_name
     from models import tiny
-    from bench.serve_load import free_port
+    from bench.serve_load import free_port, wait_healthy
 
     port, model_dir = free_port(), tiny.tiny_model_dir()
     tasks = envs.make(args.env).tasks("train")[:8]
@@ -143,14 +143,7 @@ def main() -> None:
                               cwd=ROOT)
     result = Path(tempfile.mkdtemp(prefix="trl-openenv-")) / "result.json"
     try:
-        import requests
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"{url}/health", timeout=1).ok:
-                    break
-            except requests.ConnectionError:
-                time.sleep(0.2)
+        wait_healthy(url)
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                    TOKENIZERS_PARALLELISM="false", TRL_EXPERIMENTAL_SILENCE="1")
         start = time.perf_counter()
