@@ -9,7 +9,7 @@ never read). Estimators (AgentGym-RL trains with all four):
     grpo / rloo          group baselines on the scalar episode reward, broadcast to policy tokens
     reinforce++(_baseline)  token rewards, return-to-go over policy tokens, batch whitening
     gae                  PPO with a critic; TD errors and GAE run over policy tokens only
-    gigpo                GRPO's episode term plus step groups of turns from one state (gigpo.py)
+    gigpo                GRPO's episode term plus step groups of turns from one state (studies/gigpo.py)
 
 One function per estimator, each taking a `Step` (the step's rewards and groups, already gathered over
 ranks, and this rank's token tensors) and the `Options`, returning (advantages, returns); `ESTIMATORS`
@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from gigpo import per_turn, step_groups
+from studies.gigpo import per_turn, step_groups
 # the losses too, under the names train.py and config.py read them by (A.policy_loss, algorithms.AGGREGATIONS)
 from losses import AGGREGATIONS, aggregate, kl_loss, kl_penalty, policy_loss, value_loss  # noqa: F401
 from losses import _float, _keep, masked_mean, masked_sum
@@ -327,7 +327,7 @@ def step_advantages(rewards: Tensor, groups: Tensor, states: list[list[str]], ga
 
 
 def gigpo(s: Step, o: Options) -> tuple[Tensor, Tensor]:
-    """GiGPO (Feng et al., 2025; gigpo.py): A_E(i) + o.step_weight * A_S(i, t) on the tokens of turn t. A_E is
+    """GiGPO (Feng et al., 2025; studies/gigpo.py): A_E(i) + o.step_weight * A_S(i, t) on the tokens of turn t. A_E is
     GRPO's; A_S compares turn t's return gamma^(T_i-1-t) r_i with the other turns from the same state
     (`s.states[i]`, the keys of the observations episode i's turns answered). returns = A."""
     _no_kl_in_reward("gigpo", o)

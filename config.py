@@ -11,7 +11,7 @@ flags it names:
 
 This file is a leaf: it imports only the standard library and infra/recipes.py, so that reading a run's
 settings (`parse`, `preset`) loads no torch, model or environment. What a configuration means on this
-machine (`derive`) and the first thing wrong with it (`check`) are checks.py's.
+machine (`derive`) and the first thing wrong with it (`check`) are launch/checks.py's.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class Config:
                                      "empty reasoning block opens every reply)", "{}")
     model: str = doc("'tiny' (built offline), an HF model name, or a local model directory", "tiny")
     algo: str = doc("advantage estimator: grpo, rloo, reinforce++, reinforce++_baseline, ppo (GAE + critic), "
-                     "gigpo (GRPO plus step-level groups of turns from the same state: GiGPO, Feng et al. 2025; gigpo.py)",
+                     "gigpo (GRPO plus step-level groups of turns from the same state: GiGPO, Feng et al. 2025; studies/gigpo.py)",
                     "grpo")
     # the batch
     steps: int = doc("training steps (one rollout batch and its updates each)", 4)

@@ -46,7 +46,7 @@ from pathlib import Path
 import envs
 from infra import framing as framings
 from infra import recipes
-from checks import compute_dtype, env_options, gpu_shortage, local_ranks, pick_device, visible_gpus
+from launch.checks import compute_dtype, env_options, gpu_shortage, local_ranks, pick_device, visible_gpus
 from config import SMALL_MODELS, doc, flags, same
 from envs import agentgym
 from engine import make_engine, vllm_available

@@ -37,7 +37,7 @@ from infra.envcalls import abandoned, calls, replace_env
 from engine import Sample, Sampling, stop_ids
 from envs import has_action
 from infra.framing import Framing
-from gigpo import state_key
+from studies.gigpo import state_key
 
 REPLY, OBS = "<<REPLY-PLACEHOLDER>>", "<<OBSERVATION-PLACEHOLDER>>"
 
@@ -166,7 +166,7 @@ class Episode:
     end: str = ""               # done | horizon | context | env_error
     error: str = ""
     messages: list[dict] = field(default_factory=list)    # the transcript, for logs
-    states: list[str] = field(default_factory=list)       # per turn, the key of the observation it answered (gigpo.py)
+    states: list[str] = field(default_factory=list)       # per turn, the key of the observation it answered (studies/gigpo.py)
 
     @property
     def response(self) -> list[int]:

@@ -49,7 +49,7 @@ case "$cmd" in
     }
     if [ $# -gt 0 ]; then
       python -m infra.lifeline --standalone --nproc_per_node "${NPROC:-2}" train.py "$@"
-      report "$(python -c 'import sys, checks, config; print(checks.derive(config.parse(sys.argv[1:])).out)' "$@")"
+      report "$(python -c 'import sys, config; from launch import checks; print(checks.derive(config.parse(sys.argv[1:])).out)' "$@")"
       exit
     fi
     # No flags: the CPU learning recipe (recipes.smollm2; in-training evaluation on the validation split) on

@@ -5,7 +5,7 @@
     python train.py --env babyai --algo rloo                               # one process, same code
 
 Each rank owns a generator (vLLM, or transformers when vLLM is absent), a pool of environments and a
-shard of the policy, set up once by startup.py. `main` is that set-up and a loop over `train_step`, whose body
+shard of the policy, set up once by launch/startup.py. `main` is that set-up and a loop over `train_step`, whose body
 is one step of AgentGym-RL (section 3; ScalingInter-RL, section 3.3), numbered as in the README:
 
   1. the step's tasks and its turn budget (schedule.py), then the rollout (rollout.py): this rank's share
@@ -39,18 +39,18 @@ import torch
 import torch.distributed as dist
 
 import algorithms as A
-import gigpo
+from studies import gigpo
 from batch import collate, forward, score
 from infra import budget, checkpoint, faults, lifeline, peaks
 from infra.peaks import phase
 from infra.distributed import all_max, all_sum, print0, sync
 from infra.runlog import (env_errors, log_episodes, log_outcomes, memory_metrics, phase_metrics, rollout_metrics,
                           trim_heap)
-from stepplan import play_seed, rank_share, tasks_for_step
+from infra.stepplan import play_seed, rank_share, tasks_for_step
 from infra import passes
 from infra.passes import micro_batches, pad
 from rollout import play_rounds, rollout
-from startup import Run, setup
+from launch.startup import Run, setup
 
 GAP_ALARM = 0.5  # mean |trainer - sampler| logprob per token above which a weight sync is suspect
 
@@ -164,7 +164,7 @@ def reduced(op):
     return reduce
 
 
-# ------------------------------------------------------------------ the loop: set up once (startup.py), then steps
+# ------------------------------------------------------------------ the loop: set up once (launch/startup.py), then steps
 
 def main(argv=None):
     run = setup(argv)

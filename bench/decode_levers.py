@@ -57,7 +57,7 @@ def load() -> str:
 def main(args) -> int:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
-    import checks
+    from launch import checks
     from bench.generate import _kv_bytes, _weight_bytes
     from bench.machine import bandwidth, cpu_name
     from infra.decode import TorchEngine

@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         return compare(args, [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--compare"])
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
-    import checks
+    from launch import checks
     from engine import make_engine
     from models import resolve_model
 

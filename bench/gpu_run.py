@@ -138,7 +138,7 @@ def metrics(run: Path) -> list[dict]:
 
 def planned_gb(run: Path, device: str) -> float | None:
     """memplan's planned peak for a finished run's config, on `device`, in GB (None if it cannot say)."""
-    import checks
+    from launch import checks
     import config
     from infra import memplan
     path = run / "config.json"

@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, StaticCache
 
-    import checks
+    from launch import checks
     from models import resolve_model
     from bench.generate import _kv_bytes, _weight_bytes
 

@@ -66,7 +66,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import algorithms as A  # noqa: E402
-import checks  # noqa: E402
+from launch import checks  # noqa: E402
 import config as configs  # noqa: E402
 import batch as batch_  # noqa: E402
 from infra import distributed, passes  # noqa: E402

@@ -270,7 +270,7 @@ def main() -> None:
         raise SystemExit(f"error: no TRL venv at {args.venv}; create it with `python bench/trl_peer.py --install`")
 
     sys.path.insert(0, str(ROOT))
-    import checks
+    from launch import checks
     from models import resolve_model
 
     dtype = checks.compute_dtype(args.dtype, "cpu", "smollm2")

@@ -407,7 +407,7 @@ def fit(cfg, world: int, local_world: int, device: str, dtype: str, mode: str = 
 
 def check_run(cfg, world: int, device: str, dtype: str, critic: bool = False):
     """train.py's use of `fit` under `cfg.memory_check`: (cfg, info, problem), problem a one-line error.
-    The config returned is a new one when the plan adapted it (`changes` lists what differs; startup.py
+    The config returned is a new one when the plan adapted it (`changes` lists what differs; launch/startup.py
     records it in config.json). The node's rank count comes from torchrun (LOCAL_WORLD_SIZE)."""
     if cfg.memory_check == "off":
         return cfg, {}, None

@@ -254,7 +254,7 @@ def log_episodes(out: str | Path, step: int, cfg, episodes, batch: dict, adv, to
 
 class RunLog:
     """Rank 0's record of a run in `out`: each step's row of metrics.jsonl, the same numbers to the trackers
-    that config.json's report_to names (startup.py writes config.json first), the progress bar."""
+    that config.json's report_to names (launch/startup.py writes config.json first), the progress bar."""
 
     def __init__(self, out: str | Path, total_steps: int, start_step: int, schedule,
                  budget: tuple[float, str] = (0.0, "wall")):

@@ -14,7 +14,7 @@ Departures from DAPO: the cap N (DAPO samples until the batch is full); DAPO tes
 this its training reward (the reward the advantages read, --refusal-penalty included: the test of the
 update's skipped rows). Every rank plays its share of every group of every round (stepplan.rank_share),
 and whether to play another round is decided on the rewards gathered from all ranks, so the ranks agree;
-keeping whole groups on every rank needs each rank to hold a part of each (checks.py).
+keeping whole groups on every rank needs each rank to hold a part of each (launch/checks.py).
 --min-groups (studies/curriculum.py) reaches the same end across steps, by adding up their gradients.
 
 Tests: python -m pytest tests/test_studies.py -k dynamic

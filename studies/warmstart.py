@@ -37,14 +37,13 @@ import torch
 from infra import budget, checkpoint, lora, peaks
 
 from batch import collate, forward
-from checks import Derived
 from config import Config
 from infra.distributed import all_max, all_sum, print0, sync
 from infra.passes import DUMMY_WIDTH, micro_batches, pad
 from infra.runlog import trim_heap
 from infra.framing import Framing
 from rollout import ChatFormat, Episode, Expert, Play, play_rounds
-from stepplan import play_seed
+from infra.stepplan import play_seed
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class Playground:
     builds it): the settings, this rank's place among the ranks, its envs and the generator that play
     episodes, and the train tasks they are drawn from."""
     cfg: Config
-    d: Derived                   # the schedule's budgets, the framing
+    d: object                    # launch.checks.Derived: the schedule's budgets, the framing
     rank: int
     world: int
     engine: object               # this rank's generator: it plays for --bc-actor policy

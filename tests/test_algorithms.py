@@ -270,7 +270,7 @@ def test_invalid_inputs_raise_clear_errors():
 
 
 def test_each_algo_is_one_record_that_config_and_the_trainer_read():
-    import checks
+    from launch import checks
     import config
     assert {a.estimator for a in A.ALGOS.values()} == set(A.ESTIMATORS)
     assert [n for n, a in A.ALGOS.items() if a.critic] == ["ppo"]

@@ -198,7 +198,7 @@ def test_chat_template_options_from_the_command_line_reach_the_template(model_di
     checked configs into Qwen3's template: thinking off opens every reply with an empty reasoning block."""
     import json
 
-    import checks
+    from launch import checks
     import config
     import evaluate
 
@@ -217,7 +217,7 @@ def test_chat_template_options_from_the_command_line_reach_the_template(model_di
 @pytest.mark.parametrize("text, words", [("{not json", "--chat-template-options is not a JSON object"),
                                          ("[1]", "--chat-template-options must be a JSON object")])
 def test_chat_template_options_that_are_no_json_object_are_one_line(text, words):
-    import checks
+    from launch import checks
     import config
     import evaluate
 

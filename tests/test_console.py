@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-import checks
+from launch import checks
 import config
 from infra import console
 

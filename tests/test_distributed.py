@@ -20,11 +20,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import algorithms as A
-import checks
+from launch import checks
 import config as configs
 from infra import distributed, peaks
 import train
-from studies import Studies
+from studies.hooks import Studies
 
 WORLD = 2
 

@@ -67,7 +67,7 @@ def test_readme_is_a_guide_not_a_notebook():
     assert size <= 25_000, f"README.md has {size} characters; move measurements to a docs/ page"
 
 
-DEFAULT_PATH = ["train.py", "startup.py", "rollout.py", "batch.py", "engine.py", "infra/distributed.py"]
+DEFAULT_PATH = ["train.py", "launch/startup.py", "rollout.py", "batch.py", "engine.py", "infra/distributed.py"]
 
 
 def test_the_diagram_names_functions_the_default_path_calls():

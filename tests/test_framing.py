@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-import checks
+from launch import checks
 import config as configs
 import engine as engines
 import evaluate as E

@@ -1,4 +1,4 @@
-"""GiGPO's step-level groups (gigpo.py, algorithms.advantages("gigpo")): exact values on a hand-made
+"""GiGPO's step-level groups (studies/gigpo.py, algorithms.advantages("gigpo")): exact values on a hand-made
 step, the token layout, and the cases that must add nothing (a state seen once, equal returns, a group
 whose episodes all failed)."""
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import algorithms as A
-import gigpo
+from studies import gigpo
 
 # Group 0: three episodes of one task that all start in state "s"; episodes 0 and 2 then meet "a".
 # Group 1: one episode, whose first observation renders like group 0's (same key, another task).

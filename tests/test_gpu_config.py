@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch
 
-import checks
+from launch import checks
 import config
 import engine
 import evaluate

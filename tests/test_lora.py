@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import checks
+from launch import checks
 import config as configs
 from infra import lora, memplan
 from models import resolve_model

@@ -243,7 +243,7 @@ def test_a_seeded_fuzz_leaves_the_server_serving(server):
 def test_a_run_probes_a_served_env_before_it_starts(server):
     """train.py as a client (checks.check): a server that is up and takes the run's tasks passes; one that refuses a
     reset is one line with the server's reason; no server at all is one line saying how to start one."""
-    import checks
+    from launch import checks
     import config
     from envs.openenv_in import probe
     from tests.test_openenv import free_port

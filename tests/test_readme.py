@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
-FOLDERS = ("", "infra/", "lab/", "envs/", "models/", "studies/")
+FOLDERS = ("", "infra/", "lab/", "envs/", "models/", "studies/", "launch/")
 DOTTED = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)")
 PATH = re.compile(r"`((?:[\w-]+/)*[\w-]+\.py)")
 NOT_NAMES = {"json", "jsonl", "png", "md", "py", "txt", "sh", "html", "safetensors", "toml"}

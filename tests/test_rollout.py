@@ -151,9 +151,9 @@ def test_horizon_context_and_turn_caps(engine, model_dir):
 
 
 def test_states_are_the_observations_each_turn_answered(engine, model_dir):
-    """gigpo.py's anchor states: one key per turn, the key of the observation the reply answered, so
+    """studies/gigpo.py's anchor states: one key per turn, the key of the observation the reply answered, so
     the samples of one task share their first state and another task's differs."""
-    from gigpo import state_key
+    from studies.gigpo import state_key
 
     chat = ChatFormat(tokenizer_for(model_dir, "tiny"))
     tasks = [(0, 0), (0, 0), (1, 1)]

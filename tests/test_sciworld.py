@@ -34,7 +34,7 @@ import config
 import schedule as schedules
 from models import tiny
 from studies import warmstart
-from checks import check
+from launch.checks import check
 from config import Config
 from envs import Env, agentgym_action, make, parse_action
 from envs.sciworld import CODES, NUM_TASKS, OFFSETS, TASK_TYPES, SciWorld, chosen_kinds, split_ids

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import checks
+from launch import checks
 import config
 from infra import trackers
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import checks
+from launch import checks
 import config
 from config import Config
 
@@ -82,7 +82,7 @@ def test_config_default_is_valid_and_presets_apply():
 
 def test_config_is_a_leaf():
     """Reading a run's settings (config.py, infra/recipes.py's presets) loads no torch, model, engine, environment,
-    tracker or memory plan: those are checks.py's, and the set-up's."""
+    tracker or memory plan: those are launch/checks.py's, and the set-up's."""
     heavy = ("torch", "transformers", "engine", "envs", "infra.memplan", "infra.trackers", "algorithms", "checks")
     code = ("import sys, config, infra.recipes; config.parse([]); config.parse(['--preset', 'paper', '--env', 'babyai']); "
             f"config.preset('smollm2', 'miniwob'); print([m for m in {heavy!r} if m in sys.modules])")

@@ -7,7 +7,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 if os.environ.get("GPU_STANDIN_WITHOUT_VLLM"):
     sys.modules["vllm"] = None  # `import vllm` now fails as if it were not installed
-import startup  # noqa: E402
+from launch import startup  # noqa: E402
 import train  # noqa: E402
 from tests.support.gpu_standin import standin_engine  # noqa: E402
 

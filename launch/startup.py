@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import checks
+from launch import checks
 import config as configs
 import envs
-from checks import Derived
+from launch.checks import Derived
 from engine import make_engine
 from envs.agentgym import task_ids
 from infra import checkpoint, console, lifeline, lora, memplan, peaks
@@ -32,7 +32,8 @@ from infra.distributed import load, print0, setup_distributed, sync
 from infra.runlog import RunLog, trim_heap
 from models import resolve_model
 from rollout import ChatFormat, Play
-from studies import Studies, warmstart
+from studies import warmstart
+from studies.hooks import Studies
 
 
 @dataclass
@@ -125,7 +126,7 @@ def launched_world() -> int:
 
 
 def checked_config(argv) -> tuple[configs.Config, Derived]:
-    """The command line's config and its derived values (checks.py), or a stop naming the fix: a broken
+    """The command line's config and its derived values (launch/checks.py), or a stop naming the fix: a broken
     combination of flags, or a run directory that cannot be written."""
     cfg = configs.parse(argv)
     if problem := checks.check(cfg, launched_world()) or checks.writable(checks.derive(cfg).out):
