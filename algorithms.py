@@ -50,7 +50,7 @@ from torch import Tensor
 
 from studies.gigpo import per_turn, step_groups
 # the losses too, under the names train.py and config.py read them by (A.policy_loss, algorithms.AGGREGATIONS)
-from losses import AGGREGATIONS, aggregate, kl_loss, kl_penalty, policy_loss, value_loss  # noqa: F401
+from losses import AGGREGATIONS, Clip, aggregate, kl_loss, kl_penalty, policy_loss, value_loss  # noqa: F401
 from losses import _float, _keep, masked_mean, masked_sum
 
 def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:

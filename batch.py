@@ -12,6 +12,8 @@ turned on by the presets that need them (infra/recipes.py): `--fused-head`, an L
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -197,17 +199,52 @@ def _final_hidden(model, call):
     return kept["h"]
 
 
-def forward(model, batch: dict, rows: list[int], temperature: float, value: bool = False, entropy: bool = False,
-            entropy_grad: bool = False, width: int | None = None, shared_prefix: bool = False,
-            policy_only: bool = False, fused_head: bool = False):
-    """Per-token logprobs (or critic values) of rows, aligned with ids: out[:, t] scores token t from
-    position t-1; and the per-token entropy when `entropy` (else None). Logprobs and entropy are
-    float32 whatever the model's dtype; the logits are never materialised whole (`token_logprobs`, or
-    `head_logprobs` with `fused_head`).
+@dataclass(frozen=True)
+class Fast:
+    """The opt-in fast paths of a forward, each with the same values and gradients as the plain one (the module's
+    docstring): `shared_prefix`, a group's common prompt run once; `fused_head`, the LM head's own backward."""
+    shared_prefix: bool = False
+    fused_head: bool = False
+
+    @classmethod
+    def of(cls, cfg) -> "Fast":
+        return cls(cfg.shared_prefix, cfg.fused_head)
+
+
+def forward(model, batch: dict, rows: list[int], temperature: float, width: int | None = None,
+            entropy: str | None = None, policy_only: bool = False, fast: Fast = Fast()):
+    """Per-token logprobs of rows, aligned with ids: out[:, t] scores token t from position t-1; and the
+    per-token entropy when `entropy` is "detached" or "grad" (its gradient kept), else None. Logprobs and
+    entropy are float32 whatever the model's dtype; the logits are never materialised whole (`token_logprobs`,
+    or `head_logprobs` with `fast.fused_head`).
     `width` caps the positions (a padding micro-batch's dummy row needs 2, not a whole episode).
-    `shared_prefix`: rows of one group run their common prefix once (infra/prefix.py; exact). `policy_only`:
-    only positions where batch["mask"] is set are scored, the rest are 0 (the head is about a fifth of
-    a small model's forward, and most of an episode is prompt and observations)."""
+    `policy_only`: only positions where batch["mask"] is set are scored, the rest are 0 (the head is about a
+    fifth of a small model's forward, and most of an episode is prompt and observations)."""
+    if entropy not in (None, "detached", "grad"):
+        raise ValueError(f"entropy={entropy!r}: None, 'detached' (a metric) or 'grad' (a loss term)")
+    ids, rr, tt, src, call = _positions(model, batch, rows, width, policy_only, fast.shared_prefix)
+    hidden = _final_hidden(model, call)                                                # (b, w, H) or (1, S, H)
+    hidden, targets, head = hidden.flatten(0, 1)[src], ids.to(model.device)[rr, tt], model.get_output_embeddings()
+    want, grad = entropy is not None, entropy == "grad"
+    if fast.fused_head:
+        lp, ent = head_logprobs(hidden, head.weight, targets, temperature, want, grad)
+    else:
+        lp, ent = token_logprobs(hidden, head, targets, temperature, want, grad)
+    result = torch.zeros(ids.shape, device=model.device).index_put((rr, tt), lp)
+    return result, (torch.zeros_like(result).index_put((rr, tt), ent) if want else None)
+
+
+def values(critic, batch: dict, rows: list[int], width: int | None = None, fast: Fast = Fast()) -> torch.Tensor:
+    """The critic's per-token values of rows, aligned as `forward`'s logprobs (PPO)."""
+    ids, rr, tt, src, call = _positions(critic, batch, rows, width, False, fast.shared_prefix)
+    out = call().logits                                                                # (b, w, 1) or (1, S, 1)
+    return torch.zeros(ids.shape, device=critic.device).index_put((rr, tt), out.flatten(0, 1)[src, 0].float())
+
+
+def _positions(model, batch: dict, rows: list[int], width: int | None, policy_only: bool, shared_prefix: bool):
+    """What a forward of rows reads: (ids (b, w), row and position of every scored token, where its hidden state
+    sits in the model's output, a call of the model). Scored: every position after the first (up to each row's
+    length with the shared prefix or `policy_only`), only the policy's tokens with `policy_only`."""
     width = width or int(batch["attn"][rows].sum(1).max())
     ids, attn = batch["ids"][rows, :width], batch["attn"][rows, :width]
     lengths = attn.sum(1)
@@ -218,8 +255,7 @@ def forward(model, batch: dict, rows: list[int], temperature: float, value: bool
         chosen = need & (batch["mask"][rows, :width] != 0)
         need = chosen if chosen.any() else need & (torch.arange(width) == lengths[:, None] - 1)  # keep one
     rr, tt = need.nonzero(as_tuple=True)
-    shared_prefix = shared_prefix and prefix.enable(model)
-    if shared_prefix:
+    if shared_prefix and prefix.enable(model):
         lay = prefix.layout(ids, lengths, batch["groups"][rows])
         where = torch.zeros(len(rows), width, dtype=torch.long)
         for i, w in enumerate(lay.where):
@@ -230,30 +266,18 @@ def forward(model, batch: dict, rows: list[int], temperature: float, value: bool
         src = rr * width + tt - 1
         call = lambda **kw: model(input_ids=ids.to(model.device), attention_mask=attn.to(model.device),  # noqa: E731
                                   use_cache=False, **kw)
-    rr, tt, src = rr.to(model.device), tt.to(model.device), src.to(model.device)
-    result = torch.zeros(len(rows), width, device=model.device)
-    if value:
-        out = call().logits                                                            # (b, w, 1) or (1, S, 1)
-        result[rr, tt] = out.flatten(0, 1)[src, 0].float()
-        return result, None
-    hidden = _final_hidden(model, call)                                                # (b, w, H) or (1, S, H)
-    hidden, targets, head = hidden.flatten(0, 1)[src], ids.to(model.device)[rr, tt], model.get_output_embeddings()
-    if fused_head:
-        lp, ent = head_logprobs(hidden, head.weight, targets, temperature, entropy, entropy_grad)
-    else:
-        lp, ent = token_logprobs(hidden, head, targets, temperature, entropy, entropy and entropy_grad)
-    result = result.index_put((rr, tt), lp)
-    return result, (torch.zeros_like(result).index_put((rr, tt), ent) if entropy else None)
+    return ids, rr.to(model.device), tt.to(model.device), src.to(model.device), call
 
 
 @torch.no_grad()
 def score(model, batch: dict, micro: list[list[int]], temperature: float, value: bool = False,
-          shared_prefix: bool = False, fused_head: bool = False) -> torch.Tensor:
-    """(B, L) logprobs (or values) of the whole batch, micro-batch by micro-batch (`forward`'s options)."""
+          fast: Fast = Fast()) -> torch.Tensor:
+    """(B, L) logprobs (or the critic's values) of the whole batch, micro-batch by micro-batch."""
     out = torch.zeros_like(batch["mask"])
     for mb in micro:
-        res, _ = forward(model, batch, mb or [0], temperature, value=value, width=None if mb else DUMMY_WIDTH,
-                         shared_prefix=shared_prefix and bool(mb), fused_head=fused_head)
+        width, on = (None, fast) if mb else (DUMMY_WIDTH, Fast(False, fast.fused_head))
+        res = values(model, batch, mb or [0], width, on) if value else \
+            forward(model, batch, mb or [0], temperature, width, fast=on)[0]
         if mb:
             out[mb, :res.shape[1]] = res.float().cpu()
     return out

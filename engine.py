@@ -53,15 +53,22 @@ def stop_ids(tokenizer_or_dir, model_dir: str | None = None) -> tuple[int, ...]:
     return tuple(dict.fromkeys(i for i in ids if i is not None))  # deduplicated, tokenizer's eos first
 
 
+VLLM_OPTIONS = {"gpu_memory_utilization": 0.5, "compile": "auto", "kv_cache_dtype": "auto"}
+
+
 def make_engine(model_dir: str, kind: str = "auto", device: str = "cpu", dtype: str = "float32",
-                max_model_len: int = 4096, seed: int = 0, gpu_memory_utilization: float = 0.5, max_seqs: int = 32,
-                compile: str = "auto", kv_cache_dtype: str = "auto"):
+                max_model_len: int = 4096, seed: int = 0, max_seqs: int = 32, vllm: dict | None = None):
     """`max_seqs`: how many episodes one generate call carries (this rank's batch); on CPU the KV cache
     is sized to hold them all at full context (`kv_cache_bytes`), unless VLLM_CPU_KVCACHE_SPACE is set.
-    `compile` (vLLM): on, off, or auto (`compiles`). `kv_cache_dtype` (vLLM): auto (the model's dtype) or one
-    of vLLM's, e.g. fp8_e4m3, which `bench/generate.py --kv-cache-dtype` measures."""
+    `vllm`: vLLM's own options over VLLM_OPTIONS: `gpu_memory_utilization`; `compile`: on, off, or auto
+    (`compiles`); `kv_cache_dtype`: auto (the model's dtype) or one of vLLM's, e.g. fp8_e4m3, which
+    `bench/generate.py --kv-cache-dtype` measures."""
     kind = engine_kind(kind, device)
+    if vllm and set(vllm) - set(VLLM_OPTIONS):
+        raise ValueError(f"unknown vLLM options {sorted(set(vllm) - set(VLLM_OPTIONS))}; known: {sorted(VLLM_OPTIONS)}")
     if kind == "vllm":
+        opts = {**VLLM_OPTIONS, **(vllm or {})}
+        gpu_memory_utilization, compile, kv_cache_dtype = (opts[k] for k in VLLM_OPTIONS)
         kv = None
         if device == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             kv = kv_cache_bytes(model_dir, dtype, max_model_len, max_seqs)

@@ -335,9 +335,8 @@ def play(cfg: EvalConfig, d: Derived, chunks: list, probe, rank: int, world: int
     dist.barrier()
     model_dir = resolve_model(d.model)
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir), model_dir, d.chat_options)
-    engine = make_engine(model_dir, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.seed + rank,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, max_seqs=cfg.chunk * cfg.k,
-                         compile=cfg.compile_generator)
+    engine = make_engine(model_dir, cfg.engine, d.device, d.dtype, cfg.max_context, cfg.seed + rank, cfg.chunk * cfg.k,
+                         vllm=dict(gpu_memory_utilization=cfg.gpu_memory_utilization, compile=cfg.compile_generator))
     make_env = lambda: envs.make(cfg.env, **d.env_options)  # noqa: E731
     pool = [probe] + [make_env() for _ in range(max(len(ids) for _, ids in chunks) * cfg.k - 1)]
     threads = ThreadPoolExecutor(max_workers=cfg.env_workers)

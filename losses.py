@@ -19,6 +19,8 @@ Tests: python -m pytest tests/test_losses.py
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -96,13 +98,20 @@ def aggregate(loss_tok: Tensor, mask: Tensor, agg: str, normalizer) -> Tensor:
     raise ValueError(f"unknown agg {agg!r}; use one of {', '.join(AGGREGATIONS)}")
 
 
-def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip_low: float = 0.2,
-                clip_high: float = 0.2, dual_clip: float | None = None, agg: str = "token-mean",
-                normalizer=None) -> tuple[Tensor, dict]:
+class Clip(NamedTuple):
+    """PPO's ratio clip: rho kept within [1 - low, 1 + high] (DAPO's clip-higher: high > low), and the dual clip
+    c > 1 on negative advantages (None: off)."""
+    low: float = 0.2
+    high: float = 0.2
+    dual: float | None = None
+
+
+def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip: Clip = Clip(),
+                agg: str = "token-mean", normalizer=None) -> tuple[Tensor, dict]:
     """PPO clipped surrogate, per token, with rho = exp(logp - old_logp) and advantage A:
 
-        l_t = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high))
-        dual clip (c > 1, only where A < 0):   l_t = min(l_t, -c A)
+        l_t = max(-A rho, -A clip(rho, 1 - clip.low, 1 + clip.high))
+        dual clip (c = clip.dual > 1, only where A < 0):   l_t = min(l_t, -c A)
 
     then aggregated (see `agg`):
         token-mean           sum_t m_t l_t / normalizer    (default: this batch's mask.sum();
@@ -119,6 +128,7 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     active), clip_frac_low / clip_frac_high, dual_clip_frac, approx_kl = mean k3 estimate of
     KL(old || new) = rho - 1 - log rho, ratio_min / ratio_max / ratio_mean (1 if the mask is empty).
     """
+    clip_low, clip_high, dual_clip = clip
     if not (0.0 <= clip_low < 1.0 and clip_high >= 0.0):
         raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
     if dual_clip is not None and not dual_clip > 1.0:

@@ -37,6 +37,7 @@ from infra.envcalls import abandoned, calls, replace_env
 from engine import Sample, Sampling, stop_ids
 from envs import has_action
 from infra.framing import Framing
+from infra.stepplan import per_rank
 from studies.gigpo import state_key
 
 REPLY, OBS = "<<REPLY-PLACEHOLDER>>", "<<OBSERVATION-PLACEHOLDER>>"
@@ -207,6 +208,35 @@ class Play:
     framing: Framing = Framing()
     env_timeout: float | None = None
     states: bool = False  # record each turn's state key (Episode.states): only GiGPO reads them (Algo.states)
+
+
+@dataclass
+class Playground:
+    """What plays a rank's episodes: the settings (config.Config, launch.checks.Derived), this rank's place
+    among the ranks, its generator, envs and the pool that steps them, the chat format, the train tasks.
+    The training run (launch.startup.Run) is one, with what a step also keeps; the studies read only this."""
+    cfg: object
+    d: object                    # the schedule's budgets, the framing, the algorithm record
+    rank: int
+    world: int
+    engine: object               # this rank's generator (engine.py)
+    env_pool: list               # one environment per episode of this rank's share of a step
+    make_env: Callable           # builds a replacement environment (a hung or crashed simulator)
+    threads: ThreadPoolExecutor  # steps the environments concurrently
+    chat: ChatFormat             # records each episode token-exactly
+    tokenizer: object
+    train_ids: list
+
+    @property
+    def per_rank(self) -> int:
+        """This rank's episodes of a step: its share of every group (infra/stepplan.rank_share)."""
+        return per_rank(self.cfg.tasks_per_step, self.cfg.samples_per_task, self.world)
+
+    def play(self, turns: int, seed: int | None) -> Play:
+        """How this run plays episodes at a turn budget and seed."""
+        c = self.cfg
+        return Play(turns, c.max_tokens, c.max_context, c.temperature, c.top_p, seed, self.d.framing,
+                    c.env_timeout or None, states=self.d.algo.states)
 
 
 class Expert:

@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 import algorithms as A
 from studies import gigpo
-from batch import collate, forward, score
+from batch import Fast, collate, forward, score, values
 from infra import budget, checkpoint, faults, lifeline, peaks
 from infra.peaks import phase
 from infra.distributed import all_max, all_sum, print0, sync
@@ -85,10 +85,11 @@ def update(cfg, models: dict, optimizers: dict, s: Scored, schedulers: dict | No
                          "need the logprobs from before the first one (score the batch first)")
     policy, critic = models["policy"], models.get("critic")
     world = dist.get_world_size()
-    fast = dict(shared_prefix=cfg.shared_prefix, fused_head=cfg.fused_head)  # opt-in fast paths, the same gradient
+    fast = Fast.of(cfg)  # opt-in fast paths, the same gradient
     mask, kl_coef = s.batch["mask"], 0.0 if s.kl_in_reward else cfg.kl_coef
     silent, defer = passes.silent_rows(cfg, models, s), passes.defers(cfg, models, world, extra_gradient)
     stats, gen = passes.Stats(), torch.Generator().manual_seed(seed)
+    clip = A.Clip(cfg.clip_low, cfg.clip_high, cfg.dual_clip or None)
     for epoch in range(cfg.ppo_epochs):
         order = torch.randperm(len(s.adv), generator=gen).tolist()
         for part in range(cfg.mini_batches):
@@ -99,19 +100,18 @@ def update(cfg, models: dict, optimizers: dict, s: Scored, schedulers: dict | No
             stats.sums["skipped_rows"] += len(rows) - len(live)
             for mb in passes.packed(live, s.batch, cfg, all_max):
                 passes.gradient_sync(models, not defer or mb.last)
-                lp, ent = forward(policy, s.batch, mb.rows, cfg.temperature, entropy=True, width=mb.width,
-                                  entropy_grad=cfg.entropy_coef > 0, policy_only=True, **fast)
+                lp, ent = forward(policy, s.batch, mb.rows, cfg.temperature, mb.width,
+                                  "grad" if cfg.entropy_coef > 0 else "detached", policy_only=True, fast=fast)
                 w, dev = lp.shape[1], lp.device
                 take = lambda t: None if t is None else t[mb.rows, :w].to(dev)  # noqa: E731  (b, w)
                 m = take(mask) * mb.real
                 old = lp.detach() if s.old is None else take(s.old)
-                pg, pm = A.policy_loss(lp, old, take(s.adv), m, cfg.clip_low, cfg.clip_high, cfg.dual_clip or None,
-                                       cfg.agg, norm)
+                pg, pm = A.policy_loss(lp, old, take(s.adv), m, clip, cfg.agg, norm)
                 kl = lp.new_zeros(()) if s.ref is None else A.kl_loss(lp, take(s.ref), m, cfg.kl_kind, cfg.agg, norm)
                 entropy = A.aggregate(ent, m, cfg.agg, norm)  # detached unless entropy_coef > 0
                 value_loss = lp.new_zeros(())
                 if critic is not None:  # PPO's critic, a model of its own: its term reaches only its weights
-                    v, _ = forward(critic, s.batch, mb.rows, 1.0, value=True, width=w, **fast)
+                    v = values(critic, s.batch, mb.rows, w, fast)
                     value_loss, _ = A.value_loss(v, take(s.values), take(s.returns), m, normalizer=tokens)
                 # the objective: each term a share of the mini-batch's mean over all ranks
                 loss = pg + kl_coef * kl - cfg.entropy_coef * entropy + value_loss
@@ -268,10 +268,11 @@ def score_batch(run: Run, batch: dict):
     micro = micro_batches(list(range(len(batch["rewards"]))), batch["attn"].sum(1), cfg.micro_tokens)
     micro = pad(micro, all_max(len(micro)))
     on_policy = cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and not run.kl_in_reward
-    old = None if on_policy else score(run.models["policy"], batch, micro, cfg.temperature, fused_head=cfg.fused_head)
+    head = Fast(fused_head=cfg.fused_head)
+    old = None if on_policy else score(run.models["policy"], batch, micro, cfg.temperature, fast=head)
     ref_lp = None
     if run.ref is not None:
-        ref_lp = score(run.ref, batch, micro, cfg.temperature, fused_head=cfg.fused_head)
+        ref_lp = score(run.ref, batch, micro, cfg.temperature, fast=head)
         # FSDP2 leaves a root's parameters (embeddings, head) gathered after forward, for the backward
         # that follows; the frozen reference never runs one, so it would keep them whole until its
         # next step (a whole embedding per GPU: docs/gpu.md): reshard explicitly. (Resharding
@@ -316,8 +317,8 @@ def save(run: Run, step: int) -> None:
     t, root = time.perf_counter(), run.out / "checkpoints"
     try:
         with peaks.phase("save"):  # its peak is in the next step's metrics and the run's last line
-            checkpoint.save(root, step + 1, run.models, run.optimizers, run.tokenizer, run.rank, run.world,
-                            run.cfg.keep, run.d.sharded, getattr(torch, run.d.dtype))
+            checkpoint.save(root, step + 1, run.models, run.optimizers, run.tokenizer, run.cfg.keep, run.d.sharded,
+                            getattr(torch, run.d.dtype))
     except checkpoint.CheckpointError as exc:  # raised on every rank alike: all stop, none waits
         if run.rank == 0:
             print(f"\nerror: {exc}; {checkpoint.latest(root) or 'no earlier checkpoint'} is intact. "

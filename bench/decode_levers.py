@@ -94,7 +94,7 @@ def main(args) -> int:
         from vllm.inputs import TokensPrompt
         start = time.perf_counter()
         vllm = make_engine(model_dir, "vllm", "cpu", dtype, 2048, 0, max_seqs=args.batch,
-                           compile="on" if args.vllm == "compiled" else "off")
+                           vllm=dict(compile="on" if args.vllm == "compiled" else "off"))
         vllm_start_s = time.perf_counter() - start
         tokens = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 

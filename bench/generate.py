@@ -110,7 +110,8 @@ def main(argv=None) -> int:
     dtype = checks.compute_dtype(args.dtype, "cpu", "smollm2")
     start = time.perf_counter()
     engine = make_engine(model_dir, "vllm", "cpu", dtype, 2048, 0, max_seqs=args.batch,
-                         compile="on" if args.mode == "compiled" else "off", kv_cache_dtype=args.kv_cache_dtype)
+                         vllm=dict(compile="on" if args.mode == "compiled" else "off",
+                                   kv_cache_dtype=args.kv_cache_dtype))
     start = time.perf_counter() - start  # compiled: inductor's build, or its cache's load
     weights = _weight_bytes(model_dir, dtype)
     kv = _kv_bytes(model_dir, dtype, args.batch, args.prompt)

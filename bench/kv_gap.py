@@ -53,8 +53,8 @@ def main(argv=None) -> int:
             prompts.append(tok(text, add_special_tokens=False)["input_ids"])
         if len(prompts) == args.prompts:
             break
-    engine = make_engine(model_dir, "vllm", "cpu", "bfloat16", 2048, 0, max_seqs=len(prompts), compile="off",
-                         kv_cache_dtype=args.kv_cache_dtype)
+    engine = make_engine(model_dir, "vllm", "cpu", "bfloat16", 2048, 0, max_seqs=len(prompts),
+                         vllm=dict(compile="off", kv_cache_dtype=args.kv_cache_dtype))
     sp = SamplingParams(max_tokens=40, temperature=1.0, logprobs=0, detokenize=False,
                         stop_token_ids=[tok.eos_token_id])
     outs = engine.llm.generate([TokensPrompt(prompt_token_ids=q) for q in prompts], [sp] * len(prompts),

@@ -124,7 +124,7 @@ def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world,
         times["wait"] += clock() - w
         return clock()
 
-    kl_in_reward = cfg.algo.startswith("reinforce++") and ref is not None
+    kl_in_reward = checks.derive(cfg).kl == "reward"  # where --algo puts the KL (launch/checks.Derived.kl)
     mem["resettable"] = reset_peak()
     t = clock()  # batch building and micro-batching, which train.main does before it starts timing (2)
     batch = batch_.collate(episodes, pad_id)
@@ -133,8 +133,9 @@ def step(policy, ref, opt, plain, engine, cfg, d, args, episodes, pad_id, world,
     n_micro = distributed.all_max(len(passes.micro_batches(rows, lengths, cfg.micro_tokens)))
     micro = passes.pad(passes.micro_batches(rows, lengths, cfg.micro_tokens), n_micro)
     t = lap("collate", t)
-    old = None if args.on_policy else batch_.score(policy, batch, micro, cfg.temperature, fused_head=cfg.fused_head)
-    ref_lp = batch_.score(ref, batch, micro, cfg.temperature, fused_head=cfg.fused_head) if ref is not None else None
+    head = batch_.Fast(fused_head=cfg.fused_head)
+    old = None if args.on_policy else batch_.score(policy, batch, micro, cfg.temperature, fast=head)
+    ref_lp = batch_.score(ref, batch, micro, cfg.temperature, fast=head) if ref is not None else None
     t = lap("logprobs", t)
     token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * mask if kl_in_reward else None
     adv, _ = train.global_advantages(cfg, d, batch, None, token_kl)

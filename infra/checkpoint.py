@@ -196,12 +196,13 @@ def _hf_state(model, rank: int) -> dict:
     return _gathered(model, torch.float32, rank) if lora.active(model) else get_model_state_dict(model, options=FULL)
 
 
-def save(root: str | Path, step: int, models: dict, optimizers: dict, tokenizer, rank: int, world: int,
-         keep: int = 2, sharded: bool = False, dtype: torch.dtype = torch.float32) -> Path:
-    """Collective: every rank calls it. Returns the checkpoint directory. `sharded`: model and optimizer
-    state through torch.distributed.checkpoint (each rank writes its shard), the HF directories in `dtype`.
-    A policy with LoRA adapters (infra/lora.py) also writes them to `adapter/` in PEFT's format."""
-    root = Path(root)
+def save(root: str | Path, step: int, models: dict, optimizers: dict, tokenizer, keep: int = 2, sharded: bool = False,
+         dtype: torch.dtype = torch.float32) -> Path:
+    """Collective: every rank of the process group calls it. Returns the checkpoint directory. `sharded`: model
+    and optimizer state through torch.distributed.checkpoint (each rank writes its shard), the HF directories in
+    `dtype`. A policy with LoRA adapters (infra/lora.py) also writes them to `adapter/` in PEFT's format."""
+    grouped = dist.is_initialized()  # one process without a group is rank 0 of 1
+    root, rank, world = Path(root), dist.get_rank() if grouped else 0, dist.get_world_size() if grouped else 1
     name = f"step_{step:06d}"
     tmp = root / f".{name}.tmp"
     writes = _Writes()

@@ -174,7 +174,7 @@ def summary(cfg, d, world: int) -> list[str]:
     from infra.engines import engine_kind
     kl = "no KL term"
     if cfg.kl_coef:
-        kl = f"KL {cfg.kl_coef:g} ({cfg.kl_kind}, " + ("in the reward)" if d.algo.kl == "reward" else "loss)")
+        kl = f"KL {cfg.kl_coef:g} ({cfg.kl_kind}, " + ("in the reward)" if d.kl == "reward" else "loss)")
     lines = [f"run: {cfg.env}, model {cfg.model}, {cfg.algo}, {cfg.steps} steps (preset {cfg.preset or 'cpu'})",
              f"batch: {cfg.tasks_per_step} tasks x {cfg.samples_per_task} samples over {world} ranks, "
              f"lr {cfg.lr:g}, {kl}",

@@ -73,6 +73,7 @@ import torch
 from infra import lora
 from infra.engines import engine_kind
 from infra.passes import logit_elements
+from infra.stepplan import per_rank
 from models import tiny
 
 GB, MB = 2**30, 2**20
@@ -335,7 +336,7 @@ def rank_plan(cfg, world: int, device: str, dtype: str, micro_tokens: int | None
     runtime = (rss_bytes() + IMPORTS_AFTER_PLAN + (VLLM_RUNTIME if engine == "vllm" else 0)) if device == "cpu" \
         else 1.0 * GB
     gpu_gb = available(1, "cuda")[0] / GB if device == "cuda" else 80.0
-    seqs = max(1, cfg.tasks_per_step * cfg.samples_per_task // world)
+    seqs = max(1, per_rank(cfg.tasks_per_step, cfg.samples_per_task, world))
     return plan(s, world, dtype, cfg.checkpointing if checkpointing is None else checkpointing, tokens,
                 cfg.kl_coef > 0, engine, device, gpu_gb=gpu_gb, gpu_util=getattr(cfg, "gpu_memory_utilization", 0.5),
                 runtime=runtime, max_context=cfg.max_context, seqs=seqs, critic=critic,

@@ -231,9 +231,8 @@ def screenshot(env, width: int = SHOT_WIDTH) -> str | None:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def log_episodes(out: str | Path, step: int, cfg, episodes, batch: dict, adv, tokenizer, envs,
-                 keep: int = EPISODES_KEPT) -> None:
-    """At a logging step (`episode_step`), rank 0 appends its first `keep` episodes to out/episodes.jsonl
+def log_episodes(out: str | Path, step: int, cfg, episodes, batch: dict, adv, tokenizer, envs) -> None:
+    """At a logging step (`episode_step`), rank 0 appends its first EPISODES_KEPT episodes to out/episodes.jsonl
     (`episode_record`), the first that ended normally with a screenshot when its env (`envs[i]` played
     episode i and still shows its last page) has a browser. Call it before anything resets the envs."""
     import torch.distributed as dist
@@ -241,7 +240,7 @@ def log_episodes(out: str | Path, step: int, cfg, episodes, batch: dict, adv, to
     if not episode_step(step, cfg.steps, cfg.eval_every) or (dist.is_initialized() and dist.get_rank() != 0):
         return
     rows = [episode_record(step, i, episodes[i], batch["mask"][i], adv[i], tokenizer)
-            for i in range(min(keep, len(episodes)))]
+            for i in range(min(EPISODES_KEPT, len(episodes)))]
     for i, row in enumerate(rows):
         if row["end"] != "env_error" and i < len(envs):
             shot = screenshot(envs[i])

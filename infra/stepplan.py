@@ -37,11 +37,15 @@ def play_seed(seed: int, step: int) -> int:
     return (seed * 7919 + step) * 131
 
 
+def per_rank(tasks: int, samples: int, world: int) -> int:
+    """How many episodes of a step of `tasks` x `samples` each of `world` ranks plays (`rank_share`'s length)."""
+    return tasks * samples // world
+
+
 def rank_share(tasks: list[int], samples: int, rank: int, world: int) -> list[tuple[int, int]]:
     """This rank's (task, group) pairs, group = the task's slot in the step: `samples // world` of every
     group when `world` divides `samples`, else a contiguous slice of the task-major list of episodes."""
     if samples % world == 0:
         return [(t, g) for g, t in enumerate(tasks) for _ in range(samples // world)]
-    plan = [(t, g) for g, t in enumerate(tasks) for _ in range(samples)]
-    per_rank = len(plan) // world
-    return plan[rank * per_rank:(rank + 1) * per_rank]
+    plan, n = [(t, g) for g, t in enumerate(tasks) for _ in range(samples)], per_rank(len(tasks), samples, world)
+    return plan[rank * n:(rank + 1) * n]

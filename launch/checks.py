@@ -43,6 +43,7 @@ class Derived:
     dtype: str          # compute and engine dtype (see `compute_dtype`)
     out: str
     algo: Algo          # what --algo means: its estimator, critic, where its KL goes (algorithms.ALGOS)
+    kl: str             # where the KL to the reference goes: "loss", "reward" (REINFORCE++), or "off" (--kl-coef 0)
     sharded: bool       # checkpoints through torch.distributed.checkpoint (--checkpoint-format)
 
 
@@ -54,7 +55,7 @@ def derive(cfg: Config) -> Derived:
                    chat_options=json.loads(cfg.chat_template_options),
                    device=device, dtype=compute_dtype(cfg.dtype, device, cfg.model),
                    out=cfg.out.format(env=cfg.env, algo=cfg.algo.replace("+", "p")),
-                   algo=ALGOS[cfg.algo],
+                   algo=ALGOS[cfg.algo], kl=ALGOS[cfg.algo].kl if cfg.kl_coef > 0 else "off",
                    sharded=cfg.checkpoint_format == "sharded" or (cfg.checkpoint_format == "auto" and device == "cuda"))
 
 

@@ -4,8 +4,8 @@ memory planned (`memory_plan`, infra/memplan.py: it may adapt settings, and conf
 `record`), the process group, where the weights come from (`weights_origin`: the model, a warm start, a
 checkpoint), the models loaded into FSDP2 shards (`load_models`, infra/distributed.py) and their optimizers
 (`training_state`), the generator (engine.py), the environments (`environments`), and the warm start when
-there is one (`warm_start`, studies/warmstart.py). `Run` holds what every step reads; the files below this one
-(studies/: warmstart.py, the hooks) read a `warmstart.Playground`, never a Run.
+there is one (`warm_start`, studies/warmstart.py). `Run` holds what every step reads; it is a
+rollout.Playground, what plays a rank's episodes, and the studies (studies/) read only that part of it.
 Test: tests/test_train.py (every entry runs through here)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import os
 import random
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,49 +31,30 @@ from infra import checkpoint, console, lifeline, lora, memplan, peaks
 from infra.distributed import load, print0, setup_distributed, sync
 from infra.runlog import RunLog, trim_heap
 from models import resolve_model
-from rollout import ChatFormat, Play
+from infra import stepplan
+from rollout import ChatFormat, Playground
 from studies import warmstart
 from studies.hooks import Studies
 
 
 @dataclass
-class Run:
-    """What a training step reads and keeps: built once per rank by `setup`."""
-    cfg: configs.Config
-    d: Derived
-    rank: int
-    world: int
-    out: Path
-    models: dict                 # "policy" (and "critic" for PPO): FSDP2 shards
-    ref: object                  # the frozen reference model, None without a KL term
-    optimizers: dict
-    schedulers: dict
-    engine: object               # this rank's generator (engine.py)
-    env_pool: list               # one environment per episode of this rank's share of a step
-    make_env: object             # builds a replacement environment (a hung or crashed simulator)
-    threads: ThreadPoolExecutor  # steps the environments concurrently
-    chat: ChatFormat
-    tokenizer: object
-    train_ids: list
-    val_ids: list                # the validation tasks of --eval-every
-    start: int                   # the first step this process runs (after a resume)
-    log: RunLog | None           # rank 0's metrics, plots and progress bar
-    studies: Studies | None = None  # the project's studies beside the method, off by default (studies/)
-    spent: float = 0.0           # seconds of training steps in this process (--rl-seconds)
-
-    @property
-    def per_rank(self) -> int:
-        return self.cfg.tasks_per_step * self.cfg.samples_per_task // self.world
-
-    def play(self, turns: int, seed: int | None) -> Play:
-        """How this run plays episodes at a turn budget and seed (rollout.Play)."""
-        c = self.cfg
-        return Play(turns, c.max_tokens, c.max_context, c.temperature, c.top_p, seed, self.d.framing,
-                    c.env_timeout or None, states=self.d.algo.states)
+class Run(Playground):
+    """What a training step reads and keeps, built once per rank by `setup`: what plays its episodes
+    (rollout.Playground: the settings, the generator, the envs, the train tasks), and the rest below."""
+    out: Path = Path()
+    models: dict = field(default_factory=dict)  # "policy" (and "critic" for PPO): FSDP2 shards
+    ref: object = None               # the frozen reference model, None without a KL term
+    optimizers: dict = field(default_factory=dict)
+    schedulers: dict = field(default_factory=dict)
+    val_ids: list = field(default_factory=list)  # the validation tasks of --eval-every
+    start: int = 0                   # the first step this process runs (after a resume)
+    log: RunLog | None = None        # rank 0's metrics, plots and progress bar
+    studies: Studies | None = None   # the project's studies beside the method, off by default (studies/)
+    spent: float = 0.0               # seconds of training steps in this process (--rl-seconds)
 
     @property
     def kl_in_reward(self) -> bool:  # REINFORCE++ puts the KL to the reference inside the reward
-        return self.d.algo.kl == "reward" and self.ref is not None
+        return self.d.kl == "reward"
 
 
 def setup(argv) -> Run:
@@ -96,7 +77,7 @@ def setup(argv) -> Run:
     with peaks.phase("load"):  # the models read and sharded (infra/peaks.py: each phase's peak memory)
         models, ref = load_models(cfg, d, world, origin)
         optimizers, schedulers, start = training_state(cfg, models, resume_from, rank, world)
-    per_rank = cfg.tasks_per_step * cfg.samples_per_task // world
+    per_rank = stepplan.per_rank(cfg.tasks_per_step, cfg.samples_per_task, world)
     engine = generator(cfg, d, origin.policy, seed, per_rank)
     env_pool, make_env, train_ids, val_ids = environments(cfg, d, per_rank)
     if resume_from:  # after the engine's start-up, which re-seeds torch's global generator
@@ -107,10 +88,9 @@ def setup(argv) -> Run:
               chat=chat, tokenizer=tokenizer, train_ids=train_ids, val_ids=val_ids,
               start=start, log=RunLog(out, cfg.steps, start, d.schedule,
                                        (cfg.rl_seconds, cfg.budget_clock)) if rank == 0 else None)
-    ground = playground(run)
     if cfg.bc_episodes and not resume_from and not origin.warm_done:
-        warm_start(run, ground, origin.warm_dir)
-    run.studies = Studies.make(ground, getattr(env_pool[0], "level", env_pool[0].subtask), out, start)
+        warm_start(run, origin.warm_dir)
+    run.studies = Studies.make(run, getattr(env_pool[0], "level", env_pool[0].subtask), out, start)
     return run
 
 
@@ -217,9 +197,9 @@ def load_models(cfg: configs.Config, d: Derived, world: int, origin: Origin) -> 
     policy = load(AutoModelForCausalLM, origin.start if adapters else origin.policy, mesh, d.dtype, cfg.checkpointing,
                   train_layers=cfg.train_layers, lora=adapters)
     ref = None
-    if cfg.kl_coef > 0 and adapters:  # the base under the adapters
+    if d.kl != "off" and adapters:  # the base under the adapters
         ref = lora.Base(policy)
-    elif cfg.kl_coef > 0:  # the KL anchor is the model RL starts from: the warm start when there is one
+    elif d.kl != "off":  # the KL anchor is the model RL starts from: the warm start when there is one
         ref = load(AutoModelForCausalLM, origin.start, mesh, d.dtype, False, trainable=False)
     models = {"policy": policy}
     if d.algo.critic:
@@ -251,9 +231,8 @@ def training_state(cfg: configs.Config, models: dict, resume_from: Path | None, 
 def generator(cfg: configs.Config, d: Derived, path: str, seed: int, per_rank: int):
     """This rank's generator (engine.py) on the policy's weights at `path`, sized for its share of a step."""
     with peaks.phase("engine"):
-        return make_engine(path, cfg.engine, d.device, d.dtype, cfg.max_context, seed,
-                           gpu_memory_utilization=cfg.gpu_memory_utilization, max_seqs=per_rank,
-                           compile=cfg.compile_generator)
+        return make_engine(path, cfg.engine, d.device, d.dtype, cfg.max_context, seed, per_rank,
+                           vllm=dict(gpu_memory_utilization=cfg.gpu_memory_utilization, compile=cfg.compile_generator))
 
 
 def environments(cfg: configs.Config, d: Derived, per_rank: int) -> tuple[list, object, list, list]:
@@ -268,18 +247,11 @@ def environments(cfg: configs.Config, d: Derived, per_rank: int) -> tuple[list, 
     return env_pool, make_env, train_ids, val_ids
 
 
-def playground(run: Run) -> warmstart.Playground:
-    """What the warm start and the studies read of the run: its envs, generator and train tasks."""
-    return warmstart.Playground(cfg=run.cfg, d=run.d, rank=run.rank, world=run.world, engine=run.engine,
-                                env_pool=run.env_pool, make_env=run.make_env, threads=run.threads, chat=run.chat,
-                                tokenizer=run.tokenizer, train_ids=run.train_ids, play=run.play)
-
-
-def warm_start(run: Run, ground: warmstart.Playground, warm_dir: Path) -> None:
+def warm_start(run: Run, warm_dir: Path) -> None:
     """The warm start (studies/warmstart.py), with the generator asleep, then its weights synced into the generator."""
     with peaks.phase("warmstart"):
         run.engine.sleep()  # the GPU memory it holds is the warm start's; sync() reloads the weights
-        warmstart.run(ground, run.models["policy"], run.ref, warm_dir)
+        warmstart.run(run, run.models["policy"], run.ref, warm_dir)
     if run.cfg.trim_heap:  # the imitation's freed heap back to the system before the generator wakes
         trim_heap()
     with peaks.phase("sync"):

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from batch import training_reward
+from rollout import Playground
 from studies import dynamic, warmstart
 from studies.curriculum import Accumulation, Curriculum, informative_groups
 from studies.solved import SolveRates
@@ -40,7 +41,7 @@ class Studies:
         self.played: dict = {}  # what `rollout` measured of the step, logged with `advantages`' metrics
 
     @classmethod
-    def make(cls, ground: warmstart.Playground, level_of, out: Path, start: int) -> "Studies":
+    def make(cls, ground: Playground, level_of, out: Path, start: int) -> "Studies":
         """The hooks the flags turn on: `level_of` task -> level (--curriculum's levels, logged to
         out/curriculum.jsonl from step `start`; --sometimes-solved's priors, its outcomes logged to
         out/solved.jsonl), the imitation anchor's demonstrations played now (--bc-anchor)."""

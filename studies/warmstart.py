@@ -30,46 +30,53 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 from infra import budget, checkpoint, lora, peaks
 
-from batch import collate, forward
-from config import Config
+from batch import Fast, collate, forward
 from infra.distributed import all_max, all_sum, print0, sync
 from infra.passes import DUMMY_WIDTH, micro_batches, pad
 from infra.runlog import trim_heap
 from infra.framing import Framing
-from rollout import ChatFormat, Episode, Expert, Play, play_rounds
+from rollout import Episode, Expert, Play, Playground, play_rounds
 from infra.stepplan import play_seed
 
 
+class Ranks(NamedTuple):
+    """The collectives imitation runs on: a sum and a max over all ranks (infra/distributed.py's `all_sum`,
+    `all_max`; one process: the values themselves), and the number of ranks."""
+    sum: Callable
+    max: Callable
+    world: int = 1
+
+
 @dataclass(frozen=True)
-class Playground:
-    """What the warm start, its imitation anchor and the studies read of a run's set-up (startup.setup
-    builds it): the settings, this rank's place among the ranks, its envs and the generator that play
-    episodes, and the train tasks they are drawn from."""
-    cfg: Config
-    d: object                    # launch.checks.Derived: the schedule's budgets, the framing
-    rank: int
-    world: int
-    engine: object               # this rank's generator: it plays for --bc-actor policy
-    env_pool: list               # one environment per episode of this rank's share of a step
-    make_env: Callable           # a replacement environment (a hung or crashed simulator)
-    threads: object              # the pool that steps the environments concurrently
-    chat: ChatFormat             # records each episode token-exactly
-    tokenizer: object
-    train_ids: list
-    play: Callable[[int, int | None], Play]  # how the run plays episodes at a turn budget and seed
+class Imitation:
+    """How `clone` imitates: `epochs` passes, `batch` episodes of this rank per optimizer step, micro-batches
+    within `micro_tokens`, its order seeded by `seed`; stopped early once `seconds` (> 0) have passed on
+    `clock` (infra/budget.py); `fused_head`: batch.forward's fast head."""
+    epochs: int = 1
+    batch: int = 1
+    micro_tokens: int = 4096
+    seed: int = 0
+    seconds: float = 0.0
+    clock: str = "wall"
+    fused_head: bool = False
 
 
-def expert_episodes(chat, envs: list, make_env, task_ids: list[int], max_turns: int, max_context: int,
-                    framing: Framing = Framing(), pool=None, env_timeout: float | None = None) -> list[Episode]:
+def expert_play(max_turns: int, max_context: int, framing: Framing = Framing(),
+                env_timeout: float | None = None) -> Play:
+    """How the expert's episodes are played: replies as long as the context allows, the run's framing."""
+    return Play(max_turns, max_tokens=max_context, max_context=max_context, framing=framing, env_timeout=env_timeout)
+
+
+def expert_episodes(chat, envs: list, make_env, task_ids: list[int], play: Play, pool=None) -> list[Episode]:
     """Expert episodes of `task_ids`, in order (task j on envs[j % len(envs)]), played by the RL rollout's
-    own loop with the env's solver as the actor, so each is recorded exactly as a sampled episode would be."""
-    play = Play(max_turns, max_tokens=max_context, max_context=max_context, framing=framing, env_timeout=env_timeout)
+    own loop with the env's solver as the actor, so each is recorded exactly as a sampled episode would be;
+    `play`: `expert_play`'s."""
     return play_rounds(Expert(chat), chat, envs, make_env, [(t, 0) for t in task_ids], play, pool)
 
 
@@ -85,58 +92,56 @@ def demo_batch(episodes: list[Episode], pad_id: int) -> dict:
     return collate(episodes or [dummy], pad_id)
 
 
-def nll_backward(model, batch: dict, chunk: list[int], micro_tokens: int, reduce_sum, reduce_max, world: int,
-                 scale: float = 1.0, fused_head: bool = False) -> float:
+def nll_backward(model, batch: dict, chunk: list[int], micro_tokens: int, ranks: Ranks, scale: float = 1.0,
+                 fused_head: bool = False) -> float:
     """Backward of `scale` x the mean -log p of the expert tokens of rows `chunk` (this rank's) over all
     ranks' policy tokens, micro-batched (`fused_head`: batch.forward's fast head); the optimizer is left to
     the caller. Collective: every rank calls it, with or without rows. Returns the mean NLL per policy token
     over all ranks."""
     mask, lengths = batch["mask"], batch["attn"].sum(1)
-    (tokens,) = reduce_sum(mask[chunk].sum() if chunk else 0.0)
+    (tokens,) = ranks.sum(mask[chunk].sum() if chunk else 0.0)
     micro, total = micro_batches(chunk, lengths, micro_tokens), 0.0
-    for mb in pad(micro, reduce_max(len(micro))):
+    for mb in pad(micro, ranks.max(len(micro))):
         rows = mb or [0]  # an empty micro-batch runs a dummy row whose mask is zeroed
-        lp, _ = forward(model, batch, rows, 1.0, width=None if mb else DUMMY_WIDTH, policy_only=True,
-                        fused_head=fused_head)
+        lp, _ = forward(model, batch, rows, 1.0, None if mb else DUMMY_WIDTH, policy_only=True,
+                        fast=Fast(fused_head=fused_head))
         m = mask[rows, :lp.shape[1]].to(lp.device) * bool(mb)
         loss = -(lp * m).sum() / max(tokens, 1)
-        (loss * scale * world).backward()  # FSDP2 averages gradients over ranks
+        (loss * scale * ranks.world).backward()  # FSDP2 averages gradients over ranks
         total += loss.item()
         del lp, loss
-    (mean_nll,) = reduce_sum(total)
+    (mean_nll,) = ranks.sum(total)
     return mean_nll
 
 
-def clone(model, optimizer, episodes: list[Episode], epochs: int, batch_episodes: int, micro_tokens: int,
-          seed: int, pad_id: int, reduce_sum, reduce_max, world: int, progress=None, seconds: float = 0.0,
-          clock: str = "wall", fused_head: bool = False) -> list[float]:
-    """Minimise -log p(expert tokens) over `epochs` passes, `batch_episodes` episodes of this rank per
-    optimizer step, stopping early once `seconds` (> 0) have passed on `clock` (infra/budget.py: the
-    slowest rank's wall seconds, or all ranks' CPU seconds), one verdict for all ranks.
-    Returns the mean NLL per policy token of each step (over all ranks)."""
+def clone(model, optimizer, episodes: list[Episode], how: Imitation, pad_id: int, ranks: Ranks,
+          progress=None) -> list[float]:
+    """Minimise -log p(expert tokens) as `how` says, stopping early once `how.seconds` (> 0) have passed on
+    `how.clock` (infra/budget.py: the slowest rank's wall seconds, or all ranks' CPU seconds), one verdict for
+    all ranks. Returns the mean NLL per policy token of each step (over all ranks)."""
+    batch_episodes, seconds, clock = how.batch, how.seconds, how.clock
     steps = -(-len(episodes) // batch_episodes)
     n_real = len(episodes)
     batch = demo_batch(episodes, pad_id)
-    gen = torch.Generator().manual_seed(seed)
-    n_steps = reduce_max(steps)  # every rank runs the same number of optimizer steps (collectives)
+    gen = torch.Generator().manual_seed(how.seed)
+    n_steps = ranks.max(steps)  # every rank runs the same number of optimizer steps (collectives)
     losses, start = [], budget.now(clock)
-    for _ in range(epochs):
+    for _ in range(how.epochs):
         order = torch.randperm(n_real, generator=gen).tolist()
         for s in range(n_steps):
             # One verdict for all ranks, even when their budgets differ: any rank past its own stops them all
             # (a rank that left alone would leave the other waiting forever in its next collective).
-            spent = budget.combined(clock, budget.now(clock) - start, reduce_sum, reduce_max) if seconds else 0.0
-            if seconds and reduce_max(int(spent > seconds)):
+            spent = budget.combined(clock, budget.now(clock) - start, ranks.sum, ranks.max) if seconds else 0.0
+            if seconds and ranks.max(int(spent > seconds)):
                 return losses
             chunk = order[s * batch_episodes:(s + 1) * batch_episodes]
-            mean_nll = nll_backward(model, batch, chunk, micro_tokens, reduce_sum, reduce_max, world,
-                                    fused_head=fused_head)
+            mean_nll = nll_backward(model, batch, chunk, how.micro_tokens, ranks, fused_head=how.fused_head)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(mean_nll)
             if progress:
-                progress(len(losses), n_steps * epochs, mean_nll, spent if seconds else None)
+                progress(len(losses), n_steps * how.epochs, mean_nll, spent if seconds else None)
     return losses
 
 
@@ -171,8 +176,8 @@ def demonstrations(ground: Playground, count: int, seed: int, what: str = "warm 
                 break  # --bc-play-seconds spent: the rest of --bc-seconds imitates what was won so far
         g.engine.sleep()
     else:
-        played = expert_episodes(g.chat, g.env_pool, g.make_env, mine, turns, g.cfg.max_context, g.d.framing,
-                                 g.threads, g.cfg.env_timeout or None)
+        play = expert_play(turns, g.cfg.max_context, g.d.framing, g.cfg.env_timeout or None)
+        played = expert_episodes(g.chat, g.env_pool, g.make_env, mine, play, g.threads)
     episodes = [ep for ep in played if ep.success]
     crashed = [ep for ep in played if ep.end == "expert_error"]
     for ep in crashed:  # every rank reports its own
@@ -208,7 +213,7 @@ class Anchor:
             if not self.queue:  # a fresh pass over this rank's demonstrations, in a new order
                 self.queue = torch.randperm(len(self.episodes), generator=self.gen).tolist()
             chunk.append(self.queue.pop())
-        return nll_backward(model, self.batch, chunk, self.micro_tokens, all_sum, all_max, self.world,
+        return nll_backward(model, self.batch, chunk, self.micro_tokens, Ranks(all_sum, all_max, self.world),
                             scale=self.coef, fused_head=self.fused_head)
 
 
@@ -245,9 +250,9 @@ def run(ground: Playground, policy, ref, warm_dir: Path) -> None:
     spent = budget.combined(cfg.budget_clock, budget.now(cfg.budget_clock) - clock0, all_sum, all_max)
     left = max(cfg.bc_seconds - spent, 1e-9) if cfg.bc_seconds else 0.0
     with peaks.phase("warmstart.imitate"):
-        losses = clone(policy, optimizer, episodes, cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens, cfg.seed,
-                       tokenizer.pad_token_id or 0, all_sum, all_max, ground.world, progress=progress, seconds=left,
-                       clock=cfg.budget_clock, fused_head=cfg.fused_head)
+        how = Imitation(cfg.bc_epochs, cfg.bc_batch, cfg.micro_tokens, cfg.seed, left, cfg.budget_clock, cfg.fused_head)
+        losses = clone(policy, optimizer, episodes, how, tokenizer.pad_token_id or 0,
+                       Ranks(all_sum, all_max, ground.world), progress)
     del optimizer
     with peaks.phase("warmstart.save"):
         if lora.active(policy):  # the imitated adapters become the base, so the KL's reference (adapters off)

@@ -47,7 +47,7 @@ def test_sliced_head_equals_naive_values_and_gradients(peaked, temperature, fuse
     model, batch = peaked
     monkeypatch.setattr(passes, "LOGIT_ELEMENTS", 7 * model.config.vocab_size)  # 7-token slices: many of them
     weights = torch.rand(3, 39, generator=torch.Generator().manual_seed(1))
-    lp, ent = B.forward(model, batch, [0, 1, 2], temperature, entropy=True, entropy_grad=True, fused_head=fused)
+    lp, ent = B.forward(model, batch, [0, 1, 2], temperature, entropy="grad", fast=B.Fast(fused_head=fused))
     ref_lp, ref_ent = naive(model, batch["ids"], batch["attn"], temperature)
     assert lp.dtype == torch.float32 and torch.equal(lp[:, 0], torch.zeros(3))
     torch.testing.assert_close(lp[:, 1:], ref_lp, rtol=0, atol=1e-4)
@@ -62,9 +62,9 @@ def test_sliced_head_equals_naive_values_and_gradients(peaked, temperature, fuse
 @pytest.mark.parametrize("fused", [False, True])
 def test_entropy_is_a_detached_metric_unless_asked(peaked, fused):
     model, batch = peaked
-    lp, ent = B.forward(model, batch, [0, 2], 1.0, entropy=True, fused_head=fused)
+    lp, ent = B.forward(model, batch, [0, 2], 1.0, entropy="detached", fast=B.Fast(fused_head=fused))
     assert lp.requires_grad and not ent.requires_grad
-    _, ent = B.forward(model, batch, [0, 2], 1.0, entropy=True, entropy_grad=True, fused_head=fused)
+    _, ent = B.forward(model, batch, [0, 2], 1.0, entropy="grad", fast=B.Fast(fused_head=fused))
     assert ent.requires_grad
 
 
@@ -80,8 +80,8 @@ def test_fused_head_equals_the_plain_one_under_a_frozen_head(peaked, dtype, monk
     weights = torch.rand(3, 40, generator=torch.Generator().manual_seed(2))
     out = {}
     for fused in (False, True):
-        lp, ent = B.forward(model, {**batch, "mask": (batch["attn"] > 0).float()}, [0, 1, 2], 0.8, entropy=True,
-                            entropy_grad=True, policy_only=True, fused_head=fused)
+        lp, ent = B.forward(model, {**batch, "mask": (batch["attn"] > 0).float()}, [0, 1, 2], 0.8, entropy="grad",
+                            policy_only=True, fast=B.Fast(fused_head=fused))
         params = [p for p in model.parameters() if p.requires_grad]
         out[fused] = (lp, ent, torch.autograd.grad((lp * weights).sum() + ent.sum(), params))
     (plp, pent, pgrad), (flp, fent, fgrad) = out[False], out[True]
@@ -98,7 +98,7 @@ def test_bf16_model_gives_float32_logprobs_close_to_naive(peaked):
     model, batch = peaked
     bf16 = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.bfloat16)
     bf16.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
-    lp, ent = B.forward(bf16, batch, [0, 1, 2], 1.0, entropy=True)
+    lp, ent = B.forward(bf16, batch, [0, 1, 2], 1.0, entropy="detached")
     ref_lp, ref_ent = naive(bf16, batch["ids"], batch["attn"], 1.0)
     assert lp.dtype == torch.float32 and ent.dtype == torch.float32
     torch.testing.assert_close(lp[:, 1:], ref_lp, rtol=0, atol=0.05)   # bf16 matmul order differs
@@ -126,7 +126,7 @@ if {naive}:
     (lp.sum() + ent.sum()).backward()
 else:
     B.score(model, batch, [[0, 1], [2, 3]], 1.0)
-    lp, ent = B.forward(model, batch, [0, 1, 2, 3], 1.0, entropy=True)
+    lp, ent = B.forward(model, batch, [0, 1, 2, 3], 1.0, entropy="detached")
     lp.sum().backward()
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({{"peak_mb": (after - before) / 1024}}))
@@ -285,7 +285,7 @@ def test_logged_per_token_statistics_are_means_over_the_tokens_they_were_compute
     adv = batch["mask"] * torch.tensor([0.0, 0.0, 1.5, -0.5])[:, None]     # rows 0, 1: skipped
     cfg = configs.Config(kl_coef=0.0, micro_tokens=64)
     with torch.no_grad():
-        _, ent = B.forward(model, batch, [2, 3], cfg.temperature, entropy=True)
+        _, ent = B.forward(model, batch, [2, 3], cfg.temperature, entropy="detached")
         old = B.score(model, batch, [[0, 1, 2, 3]], cfg.temperature) - 0.5   # ratio e^0.5: clipped where A > 0
     m = batch["mask"][[2, 3], :ent.shape[1]].double()
     want_entropy = float((ent.double() * m).sum() / m.sum())

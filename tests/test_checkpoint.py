@@ -48,7 +48,7 @@ def _train_save_reload(root, sharded, rank):
     model, opt = build(tiny_model_dir())
     for s in (1, 2):
         step(model, opt, s)
-        ckpt = checkpoint.save(root, s, {"policy": model}, {"policy": opt}, tok, rank, WORLD, sharded=sharded,
+        ckpt = checkpoint.save(root, s, {"policy": model}, {"policy": opt}, tok, sharded=sharded,
                                dtype=torch.bfloat16)
     saved, rng_after_save = full(model), torch.rand(4)
     step(model, opt, 3)

@@ -282,8 +282,8 @@ def _clone_with_uneven_budgets(rank):
     model = AutoModelForCausalLM.from_pretrained(tiny.tiny_model_dir())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     budget = 1e-9 if rank == 0 else 1e6
-    losses = warmstart.clone(model, optimizer, episodes, 1, 1, 4096, 0, 0, distributed.all_sum, distributed.all_max,
-                             WORLD, seconds=budget)
+    losses = warmstart.clone(model, optimizer, episodes, warmstart.Imitation(seconds=budget), 0,
+                             warmstart.Ranks(distributed.all_sum, distributed.all_max, WORLD))
     distributed.all_sum(1.0)  # a rank still inside clone would answer this with its next step's reduction
     return len(losses)
 

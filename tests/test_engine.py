@@ -131,7 +131,7 @@ def test_vllm_engine_in_bfloat16(model_dir, monkeypatch, compiled):
         pytest.skip("vLLM is not installed")
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # whole GiB; unset, the cache is sized to the batch
     eng = engines.make_engine(model_dir, "vllm", dtype="bfloat16", max_model_len=512, max_seqs=12,
-                              compile="on" if compiled else "off")
+                              vllm=dict(compile="on" if compiled else "off"))
     assert eng.compiled == compiled
     from vllm.config import CompilationMode
     assert (eng.llm.llm_engine.vllm_config.compilation_config.mode != CompilationMode.NONE) == compiled

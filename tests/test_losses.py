@@ -55,10 +55,10 @@ def test_policy_loss_by_hand():
 
 def test_policy_loss_asymmetric_and_dual_clip_and_aggregations():
     # clip_high .28: a -> max(-1.5, -1.28) = -1.28; total (-1.28 + .8 - 1 + 4) / 5 = .504
-    close(L.policy_loss(new_logp(), OLD, ADV, MASK_PL, clip_high=0.28)[0], 2.52 / 5)
+    close(L.policy_loss(new_logp(), OLD, ADV, MASK_PL, L.Clip(high=0.28))[0], 2.52 / 5)
     # dual clip 3: d -> 3; total (-1.2 + .8 - 1 + 3) / 5 = .32, and d carries no gradient
     logp = new_logp()
-    loss, met = L.policy_loss(logp, OLD, ADV, MASK_PL, dual_clip=3.0)
+    loss, met = L.policy_loss(logp, OLD, ADV, MASK_PL, L.Clip(dual=3.0))
     close(loss, 1.6 / 5)
     loss.backward()
     close(logp.grad, t([[0.0, 0.0, 0.0], [-0.2, 0.0, 0.0]]))
@@ -77,7 +77,7 @@ def test_policy_loss_errors_and_empty_mask():
     with pytest.raises(ValueError, match="unknown agg 'mean'"):
         L.policy_loss(new_logp(), OLD, ADV, MASK_PL, agg="mean")
     with pytest.raises(ValueError, match="dual_clip must be > 1"):
-        L.policy_loss(new_logp(), OLD, ADV, MASK_PL, dual_clip=0.5)
+        L.policy_loss(new_logp(), OLD, ADV, MASK_PL, L.Clip(dual=0.5))
     with pytest.raises(ValueError, match="normalizer must be a finite number >= 0"):
         L.policy_loss(new_logp(), OLD, ADV, MASK_PL, normalizer=-1)
     logp = new_logp()
@@ -145,12 +145,12 @@ def test_micro_batches_with_global_normalizer_match_the_whole_batch(agg):
     norm = mask.sum().item() if agg == "token-mean" else B
 
     logp = base.clone().requires_grad_()
-    whole, _ = L.policy_loss(logp, old, adv, mask, agg=agg, dual_clip=3.0)
+    whole, _ = L.policy_loss(logp, old, adv, mask, L.Clip(dual=3.0), agg=agg)
     whole.backward()
     logp_mb = base.clone().requires_grad_()
     total = 0
     for rows in (slice(0, 3), slice(3, 4), slice(4, 8)):  # uneven micro-batches, as gradient accumulation
-        part, _ = L.policy_loss(logp_mb[rows], old[rows], adv[rows], mask[rows], agg=agg, dual_clip=3.0,
+        part, _ = L.policy_loss(logp_mb[rows], old[rows], adv[rows], mask[rows], L.Clip(dual=3.0), agg=agg,
                                 normalizer=norm)
         part.backward()
         total = total + part.detach()
@@ -171,7 +171,7 @@ def test_losses_ignore_masked_out_entries_including_gradients():
     def run(junk):
         ins = [torch.where(off, junk, x) for x in tensors]
         logp, v = ins[0].clone().requires_grad_(), ins[3].clone().requires_grad_()
-        pl, _ = L.policy_loss(logp, ins[1], ins[2], mask, dual_clip=2.0)
+        pl, _ = L.policy_loss(logp, ins[1], ins[2], mask, L.Clip(dual=2.0))
         vl, _ = L.value_loss(v, ins[4], ins[2], mask)
         kl = L.kl_loss(logp, ins[1], mask)
         (pl + vl + kl).backward()

@@ -133,7 +133,7 @@ def test_shared_prefix_forward_equals_the_plain_one(tiny, shape, checkpointing):
     weights = torch.rand(len(rows), batch["ids"].shape[1], generator=torch.Generator().manual_seed(1))
     got = {}
     for shared in (True, False, True):  # plain after shared: the switched attention still serves plain calls
-        lp, ent = B.forward(model, batch, rows, 0.7, entropy=True, entropy_grad=True, shared_prefix=shared)
+        lp, ent = B.forward(model, batch, rows, 0.7, entropy="grad", fast=B.Fast(shared_prefix=shared))
         real = batch["attn"][rows, :lp.shape[1]].float()
         params = [p for p in model.parameters()]
         grads = torch.autograd.grad(((lp * weights[:, :lp.shape[1]] + ent) * real).sum(), params)

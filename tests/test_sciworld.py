@@ -275,7 +275,8 @@ def test_expert_asked_mid_episode_keeps_the_episode(env):
 
 def test_expert_episode_is_a_successful_token_exact_demonstration(env):
     chat = ChatFormat(AutoTokenizer.from_pretrained(tiny.tiny_model_dir()))
-    ep = warmstart.expert_episodes(chat, [env], type(env), [_task("find-animal", 4)], 30, 16384)[0]
+    ep = warmstart.expert_episodes(chat, [env], type(env), [_task("find-animal", 4)],
+                                   warmstart.expert_play(30, 16384))[0]
     assert ep.success and ep.end == "done" and ep.reward == 1.0 and not ep.error
     replies = [m["content"] for m in ep.messages if m["role"] == "assistant"]
     assert ep.turns == len(replies) <= len(env.gold_actions())
@@ -328,7 +329,8 @@ def test_smollm2_recipe_holds_the_longest_expert_episodes(recipe, name, variatio
     tok = AutoTokenizer.from_pretrained(smollm2_dir())
     chat = ChatFormat(tok)
     turns = max(schedules.parse(cfg.horizon).budgets)
-    ep = warmstart.expert_episodes(chat, [env], type(env), [_task(name, variation)], turns, cfg.max_context)[0]
+    ep = warmstart.expert_episodes(chat, [env], type(env), [_task(name, variation)],
+                                   warmstart.expert_play(turns, cfg.max_context))[0]
     assert ep.success and ep.end == "done" and len(ep.ids) <= cfg.max_context, (ep.end, ep.turns, len(ep.ids))
     replies = [m["content"] for m in ep.messages if m["role"] == "assistant"]
     assert max(len(chat.encode(r)) + 1 for r in replies) <= cfg.max_tokens  # + its end-of-turn token
@@ -342,7 +344,7 @@ def test_a_gold_path_the_simulator_cannot_build_is_one_failed_demonstration():
     chat = ChatFormat(AutoTokenizer.from_pretrained(tiny.tiny_model_dir()))
     task = _task("find-non-living-thing", 9)
     try:
-        ep = warmstart.expert_episodes(chat, [env], type(env), [task], 30, 16384)[0]
+        ep = warmstart.expert_episodes(chat, [env], type(env), [task], warmstart.expert_play(30, 16384))[0]
         assert ep.end == "expert_error" and not ep.success and ep.turns == sum(ep.mask) == 0
         assert ep.error.startswith("RuntimeError: no gold path for find-non-living-thing variation 9: "
                                    "the simulator crashed or stopped responding")
@@ -350,7 +352,7 @@ def test_a_gold_path_the_simulator_cannot_build_is_one_failed_demonstration():
         with pytest.raises(RuntimeError, match="the episode is over"):
             env.expert()
         first_jvm = env.jvm_pid
-        ok = warmstart.expert_episodes(chat, [env], type(env), [task], 30, 16384)[0]
+        ok = warmstart.expert_episodes(chat, [env], type(env), [task], warmstart.expert_play(30, 16384))[0]
         assert ok.success and ok.end == "done" and not env.crashed and env.jvm_pid != first_jvm
     finally:
         env.close()

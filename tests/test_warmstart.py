@@ -29,10 +29,11 @@ def chat():
 def test_bot_crash_is_one_failed_demonstration(chat):
     env = BabyAI()
     assert env.level(CRASH) == "BabyAI-SynthS5R2-v0" and CRASH // 40 == 100_001
-    ep = warmstart.expert_episodes(chat, [env], type(env), [CRASH], 40, 8192)[0]
+    ep = warmstart.expert_episodes(chat, [env], type(env), [CRASH], warmstart.expert_play(40, 8192))[0]
     assert ep.end == "expert_error" and not ep.success and ep.error.startswith("TypeError")
     assert sum(ep.mask) == ep.turns == 0  # the bot fails on its first call: nothing to imitate
-    ok = warmstart.expert_episodes(chat, [env], type(env), [1], 40, 8192)[0]  # the same instance goes on
+    ok = warmstart.expert_episodes(chat, [env], type(env), [1],
+                                   warmstart.expert_play(40, 8192))[0]  # the same instance goes on
     assert ok.success and ok.end == "done" and not ok.error
 
 
@@ -58,26 +59,26 @@ def test_bc_seconds_ends_imitation_early_at_the_same_step_on_every_rank(chat):
     from transformers import AutoModelForCausalLM
 
     env = BabyAI(brief=True)
-    eps = warmstart.expert_episodes(chat, [env], type(env), list(range(4)), 8, 2048)
+    eps = warmstart.expert_episodes(chat, [env], type(env), list(range(4)), warmstart.expert_play(8, 2048))
     eps = [e for e in eps if e.success]
     assert len(eps) >= 2
     model = AutoModelForCausalLM.from_pretrained(tiny.tiny_model_dir())
     before = [p.detach().clone() for p in model.parameters()]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    same = lambda *xs: xs  # noqa: E731  one process: the sums are the values
-    spent = warmstart.clone(model, optimizer, eps, 1, 1, 4096, 0, 0, same, lambda x: x, 1, seconds=1e-9)
+    one = warmstart.Ranks(lambda *xs: xs, lambda x: x)  # one process: the sums are the values
+    spent = warmstart.clone(model, optimizer, eps, warmstart.Imitation(seconds=1e-9), 0, one)
     assert spent == [] and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    full = warmstart.clone(model, optimizer, eps, 1, 1, 4096, 0, 0, same, lambda x: x, 1, seconds=0.0)
+    full = warmstart.clone(model, optimizer, eps, warmstart.Imitation(), 0, one)
     assert len(full) == len(eps) and all(0 < nll < 20 for nll in full)
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     # what the progress line gets: under a budget the seconds used before each step (growing), else None
     seen = []
-    warmstart.clone(model, optimizer, eps, 2, 1, 4096, 0, 0, same, lambda x: x, 1, seconds=1e9, clock="cpu",
+    warmstart.clone(model, optimizer, eps, warmstart.Imitation(epochs=2, seconds=1e9, clock="cpu"), 0, one,
                     progress=lambda k, total, nll, used: seen.append((k, total, used)))
     assert [(k, total) for k, total, _ in seen] == [(k, 2 * len(eps)) for k in range(1, 2 * len(eps) + 1)]
     assert all(b[2] > a[2] >= 0 for a, b in zip(seen, seen[1:]))
     seen.clear()
-    warmstart.clone(model, optimizer, eps, 1, 1, 4096, 0, 0, same, lambda x: x, 1,
+    warmstart.clone(model, optimizer, eps, warmstart.Imitation(), 0, one,
                     progress=lambda k, total, nll, used: seen.append(used))
     assert seen == [None] * len(eps)
 
@@ -121,14 +122,15 @@ def test_nll_backward_scales_its_gradient(chat):
     from batch import collate
 
     env = BabyAI(brief=True)
-    eps = [e for e in warmstart.expert_episodes(chat, [env], type(env), list(range(4)), 8, 2048) if e.success]
+    eps = [e for e in warmstart.expert_episodes(chat, [env], type(env), list(range(4)),
+                                                warmstart.expert_play(8, 2048)) if e.success]
     batch = collate(eps, 0)
     model = AutoModelForCausalLM.from_pretrained(tiny.tiny_model_dir())
-    same = lambda *xs: xs  # noqa: E731  one process: the sums are the values
+    one = warmstart.Ranks(lambda *xs: xs, lambda x: x)  # one process: the sums are the values
     grads = []
     for scale in (1.0, 0.25):
         model.zero_grad(set_to_none=True)
-        nll = warmstart.nll_backward(model, batch, list(range(len(eps))), 64, same, lambda x: x, 1, scale=scale)
+        nll = warmstart.nll_backward(model, batch, list(range(len(eps))), 64, one, scale=scale)
         assert 0 < nll < 20  # the NLL itself is unscaled
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert grads[0].abs().sum() > 0 and torch.allclose(grads[1], grads[0] * 0.25, rtol=1e-4, atol=1e-8)
