@@ -82,7 +82,10 @@ def summary(reached: dict) -> dict:
 def long_files(limit: int = 450) -> dict:
     out = {}
     for path in sorted(ROOT.rglob("*.py")):
-        if mine(path) or path.relative_to(ROOT).parts[0] == "bench":
+        parts = path.relative_to(ROOT).parts
+        if any(part.startswith(".") or part == "site-packages" for part in parts):  # a venv (bench/.trl-venv)
+            continue
+        if mine(path) or parts[0] == "bench":
             n = len(path.read_text().splitlines())
             if n > limit:
                 out[str(path.resolve().relative_to(ROOT))] = n

@@ -8,7 +8,7 @@ task-clustered standard error, lab/stats.py, in float64).
 
 The x axis is the budgeted CPU seconds each arm's pieces measured (their training steps on --budget-clock
 cpu), not the rung's nominal hours: a rung runs over by its last step, and the stretch rung's hours are
-what RL took. Tests: python -m pytest tests/test_protocol.py -k ladder
+what RL took. Tests: python -m pytest tests/test_ladder.py
 """
 from __future__ import annotations
 

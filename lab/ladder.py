@@ -21,7 +21,7 @@ Each rung is two pieces (lab/pieces.py): ARM-K (the training) and val-ARM-K (its
 RL rung resumes from its last checkpoint with the CPU seconds it had left; a crashed imitation rung starts
 again; finished rungs are never replayed. ladder.json records what the climb decided; lab/curve.py draws
 the curve from the folder's files (`python -m lab.report results/FOLDER`).
-Test: python -m pytest tests/test_protocol.py -k ladder
+Test: python -m pytest tests/test_ladder.py
 """
 from __future__ import annotations
 
