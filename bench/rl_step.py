@@ -95,6 +95,8 @@ def figures(runs: list[dict], nproc: int) -> dict:
            "cpu_s_with_startup": total_cpu, "wall_s_with_startup": sum(run["wall_s"] for run in runs),
            "load": [run["load"] for run in runs]}
     out.update({key: mean(steady, key) for key in TIMERS})
+    # the largest rank's peak resident memory over the steps' phases (infra/peaks.py), as metrics.jsonl logs it
+    out["peak_mb"] = max((v for r in steady for k, v in r.items() if k.startswith("mem/peak/")), default=float("nan"))
     # per unit of work, so that steps of different luck compare: a rank's generate seconds per 1,000 tokens it
     # sampled, and its update seconds per episode that carried a gradient
     sampled = sum(r["response_tokens"] * r["episodes"] / nproc for r in steady)  # the trained episodes' replies
@@ -170,10 +172,11 @@ def report(runs: dict, label: dict, setup: str, nproc: int, out: Path | None) ->
             ("generate s per 1,000 sampled tokens (a rank's)", "generate_s_per_1k_tokens", "{:.1f}"),
             ("update s per episode with a non-zero advantage (a rank's)", "update_s_per_useful_episode", "{:.1f}"),
             *((f"{key} (s, mean per step)", key, "{:.1f}") for key in TIMERS),
+            ("peak resident MB of the largest rank, over the steps' phases", "peak_mb", "{:.0f}"),
             ("CPU s of the arm's processes, start-up included", "cpu_s_with_startup", "{:.0f}"),
             ("wall s of the arm, start-up included", "wall_s_with_startup", "{:.0f}")]
     for name, key, fmt in rows:
-        a, b = f["a"][key], f["b"][key]
+        a, b = f["a"].get(key, float("nan")), f["b"].get(key, float("nan"))  # older files lack newer figures
         print(f"| {name} | {fmt.format(a)} | {fmt.format(b)} | {b / a if a else float('nan'):.2f} |")
     if out:
         out.write_text(json.dumps({"setup": setup, "label": label, "nproc": nproc, "runs": runs, "figures": f},
