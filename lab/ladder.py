@@ -40,6 +40,9 @@ STRETCH = ("if RL has played fewer than min_episodes episodes by the ladder's la
            "until it has played them; the CPU seconds that took become one more rung, for every arm")
 PLATEAU = ("an imitation arm (B, C) stops after `patience` rungs without a new best validation success, or at the "
            "ladder's last rung")
+SECOND_SEED = ("a seed after 0 climbs the ladder only if seed 0's best RL rung is at least 3 points above W* on "
+               "validation; otherwise seed 0's curve is the result and the hours go elsewhere")
+SECOND_SEED_POINTS = 3.0
 RULES = {"best_rung": BEST_RUNG, "stop": STOP, "stretch": STRETCH, "plateau": PLATEAU}
 ARMS = ("rl", "imitation", "self")
 
@@ -57,6 +60,24 @@ def rl_stops(rl_val: float, wstar_val: float, points: float) -> bool:
 def plateaued(scores: list[float], patience: int) -> bool:
     """PLATEAU: `patience` scores after the best without a new best."""
     return len(scores) - 1 - best_rung(scores) >= patience
+
+
+def second_seed(seed: int, results: Path) -> str | None:
+    """SECOND_SEED, checked before a later seed starts: None when it may climb, else the one line that says why not.
+    Seed 0's folder is `results` with seed0 in its name (the same --results pattern), its verdict its ladder.json."""
+    if seed == 0:
+        return None
+    first = results.parent / results.name.replace(f"seed{seed}", "seed0") / "ladder.json"
+    if not first.exists():
+        return (f"seed {seed} climbs the ladder only after seed 0 has (its {first} does not exist yet); run seed 0 "
+                f"with the same --runs/--results pattern first")
+    decided = json.loads(first.read_text())
+    best = decided["arms"]["rl"][decided["best"]["rl"] - 1]["val_success"]
+    gain = 100.0 * (best - decided["wstar_val"])
+    if gain < SECOND_SEED_POINTS - 1e-9:
+        return (f"seed {seed} is not run: seed 0's best RL rung is {gain:+.1f} points over W* on validation, under "
+                f"the {SECOND_SEED_POINTS:g} the rule asks (ladder.SECOND_SEED); seed 0's curve is the result")
+    return None
 
 
 def stretch_steps(steps: int, episodes: int, wanted: int) -> int:

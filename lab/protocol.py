@@ -593,6 +593,9 @@ def main(argv=None) -> None:
     if problem := other_machine(proto.results, str(proto.runs), str(proto.results)):
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
+    if scale.ladder and (problem := ladder.second_seed(args.seed, results)):  # ladder.SECOND_SEED, before start-up
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     proto.runs.mkdir(parents=True, exist_ok=True)
     proto.main()
 

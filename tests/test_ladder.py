@@ -126,3 +126,25 @@ def test_a_crashed_rung_resumes_from_its_checkpoint_and_replays_no_finished_rung
     assert len(started) == 1 and started[0].startswith(f"[protocol] rl-{k}:") and "--resume" in started[0], started
     record = json.loads((results / "pieces.jsonl").read_text().splitlines()[-1])
     assert record["piece"] == f"rl-{k}" and record["resumed"] and record["steps"] > resumed_at
+
+
+def test_a_second_seed_climbs_only_after_seed_0s_best_rl_rung_beat_w_star_by_3_points(tmp_path):
+    """ladder.SECOND_SEED, written before any rung ran: seed 1 is refused in one line, before start-up, until seed
+    0's ladder.json exists and its best RL rung is 3 points or more above W* on validation."""
+    from lab import ladder
+    seed0, seed1 = tmp_path / "results-seed0", tmp_path / "results-seed1"
+    assert ladder.second_seed(0, seed0) is None
+    assert "only after seed 0" in ladder.second_seed(1, seed1)
+    seed0.mkdir()
+    for best_val, allowed in ((0.42, False), (0.429, False), (0.43, True), (0.50, True)):
+        rl = [{"val_success": 0.41}, {"val_success": best_val}, {"val_success": 0.30}]
+        (seed0 / "ladder.json").write_text(json.dumps({"wstar_val": 0.40, "best": {"rl": 2}, "arms": {"rl": rl}}))
+        said = ladder.second_seed(1, seed1)
+        assert (said is None) == allowed, (best_val, said)
+    (seed0 / "ladder.json").write_text(json.dumps({"wstar_val": 0.40, "best": {"rl": 1},
+                                                   "arms": {"rl": [{"val_success": 0.41}]}}))
+    proc = run("--scale", "ladder-smoke", "--seed", "1", "--nproc", "1", "--runs", str(tmp_path / "runs-seed{seed}"),
+               "--results", str(tmp_path / "results-seed{seed}"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert "seed 1 is not run: seed 0's best RL rung is +1.0 points over W*" in proc.stderr
+    assert not (tmp_path / "runs-seed1").exists()  # refused before anything started
