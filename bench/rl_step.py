@@ -106,6 +106,15 @@ def figures(runs: list[dict], nproc: int) -> dict:
     return out
 
 
+def model_name(path: str) -> str:
+    """The model directory as the saved figures name it: relative to the repository, or its own name (a result
+    file names no machine's paths)."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return Path(path).name
+
+
 def mean(rows: list[dict], key: str) -> float:
     values = [r[key] for r in rows if key in r]
     return sum(values) / len(values) if values else float("nan")
@@ -152,7 +161,7 @@ def main(argv=None) -> int:
                 subprocess.run(["git", "worktree", "remove", "--force", str(repo_a)], cwd=ROOT)
     label = {"a": f"a: {args.base_commit or 'this tree'} {args.a}".strip(), "b": f"b: this tree {args.b}".strip()}
     setup = (f"CPU: {cpu_name()}; {args.env}, {args.steps} GRPO steps per arm and round, {args.rounds} round(s), "
-             f"{args.nproc} ranks, from {args.model}; both arms: {args.common}")
+             f"{args.nproc} ranks, from {model_name(args.model)}; both arms: {args.common}")
     return report(runs, label, setup, args.nproc, args.out)
 
 
