@@ -206,6 +206,15 @@ def standin_run(args, log_dir, nproc=2):
     return proc.stdout, calls
 
 
+def test_gpu_standin_takes_make_engines_arguments():
+    """The GPU stand-in replaces `make_engine` in the runs below: a parameter added to one and not the
+    other fails here in a second, not in the slow runs' child processes."""
+    import inspect
+    import engine
+    from tests.support.gpu_standin import standin_engine
+    assert list(inspect.signature(standin_engine).parameters) == list(inspect.signature(engine.make_engine).parameters)
+
+
 @pytest.mark.slow
 def test_gpu_call_sequence_warm_start_and_evaluations(tmp_path):
     """The GPU engine's call sequence with a warm start and an evaluation after every step: the engine

@@ -104,9 +104,9 @@ class StandInLLM:
 
 
 def standin_engine(model_dir, kind="auto", device="cpu", dtype="float32", max_model_len=4096, seed=0,
-                   gpu_memory_utilization=0.5, max_seqs=32, compile="auto") -> VLLMEngine:
+                   max_seqs=32, vllm=None) -> VLLMEngine:
     """make_engine's signature: a VLLMEngine as on a GPU (device "cuda"), around a StandInLLM."""
     engine = VLLMEngine.__new__(VLLMEngine)  # its methods as they are; only the vLLM object is stood in for
     engine.llm, engine.device, engine.released = StandInLLM(model_dir, dtype), "cuda", set()
-    engine.compiled = compile != "off"  # vLLM's default on a GPU
+    engine.compiled = (vllm or {}).get("compile", "auto") != "off"  # vLLM's default on a GPU
     return engine
