@@ -42,6 +42,26 @@ def ladder_smoke(tmp_path_factory):
     return base, flags, proc
 
 
+def test_the_ladder_screens_the_signal_levers_beside_the_first_versions_choice(monkeypatch):
+    """The ladder's screen: the first version's choice first (a tie goes to it), then each lever on signal per
+    episode on top of it alone; every setting a valid train.py command; the one-budget scale keeps its screen
+    (its published folders record it)."""
+    import config
+    from launch import checks
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ladder = protocol.Protocol("babyai", 0, protocol.SCALES["ladder"], Path("runs"), Path("results"))
+    full = protocol.Protocol("babyai", 0, protocol.SCALES["full"], Path("runs"), Path("results"))
+    assert full.screen is protocol.SCREEN and ladder.screen is protocol.LADDER_SCREEN
+    assert list(ladder.screen)[0] == "wide-groups" and ladder.screen["wide-groups"] == protocol.SCREEN["wide-groups"]
+    levers = {"--dynamic-sampling", "--sometimes-solved", "--refusal-penalty", "--max-tokens"}
+    for name, flags in ladder.screen.items():
+        assert flags[:4] == protocol.SCREEN["wide-groups"]
+        assert len(set(flags[4:]) & levers) == (name != "wide-groups")  # one lever each
+        cfg = config.parse(["--preset", "smollm2", "--env", "babyai", *flags])
+        assert checks.check(cfg, 2) is None, name
+    assert {f for flags in ladder.screen.values() for f in flags} >= levers
+
+
 def test_the_ladder_climbs_its_rungs_under_its_rules_and_draws_its_curve(ladder_smoke):
     from lab import ladder
     base, flags, _ = ladder_smoke
