@@ -60,7 +60,7 @@ class Config:
     tasks_per_step: int = doc("distinct tasks per step over all ranks", 4)
     samples_per_task: int = doc("episodes per task (the GRPO/RLOO group size)", 4)
     min_groups: int = doc("DAPO's dynamic sampling (Yu et al. 2025), by accumulation: step the optimizer only once "
-                          "the rollouts since its last step held this many informative groups over all ranks, adding up gradients in between (stepplan.Accumulation); a "
+                          "the rollouts since its last step held this many informative groups over all ranks, adding up gradients in between (studies/curriculum.Accumulation); a "
                           "checkpoint step and the last step always step; 0: every step", 0)
     horizon: str = doc("turn budget schedule: 'N' fixed, or 'N1,N2,..@S' ScalingInter stages of S steps", "4,6@2")
     max_tokens: int = doc("token cap of one assistant reply", 48)

@@ -1,4 +1,4 @@
-"""The horizon schedule: the maximum number of interaction turns per episode at a training step.
+"""What a training step plays: its turn budget (the horizon schedule), its tasks and its sampling seed.
 
 ScalingInter-RL (AgentGym-RL) trains with short horizons first (stable exploitation) and raises the
 turn budget in stages (exploration), e.g. SciWorld 10 -> 20 -> 30 turns every 100 steps. `fixed(n)` is
@@ -10,11 +10,16 @@ kept a counter that came back off by one after resuming, shifting every later st
     s.max_turns(150)              # -> 20
     s.describe()                  # 'steps 0-99: 10 turns | 100-199: 20 | 200+: 30'
 
-Test: python -m pytest tests/test_schedule.py
+The step's tasks (`tasks_for_step`) and the seed its rollout samples with (`play_seed`) are pure functions of
+the step as well, so a resumed run sees exactly the data and samples an uninterrupted one would. (Which
+rank plays which of their episodes is machinery: infra/stepplan.py.)
+
+Tests: python -m pytest tests/test_schedule.py tests/test_stepplan.py
 """
 from __future__ import annotations
 
 import operator
+import random
 from dataclasses import dataclass
 
 FORM = "use 'N' for a fixed budget or 'N1,N2,...@STEPS' for stages, e.g. '20' or '10,20,30@100'"
@@ -96,3 +101,21 @@ def parse(spec: str) -> Schedule:
             raise ValueError(f"schedule {spec!r} lists several budgets but no '@STEPS' stage length; {FORM}")
         return fixed(budgets[0])
     return stepwise(budgets, length)
+
+
+def tasks_for_step(train_ids: list[int], step: int, count: int, seed: int) -> list[int]:
+    """The step's tasks: consecutive slices of per-epoch shuffles of `train_ids`."""
+    out, n = [], len(train_ids)
+    for k in range(step * count, (step + 1) * count):
+        epoch, i = divmod(k, n)
+        order = list(train_ids)
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        out.append(order[i])
+    return out
+
+
+def play_seed(seed: int, step: int) -> int:
+    """The seed a training step's rollout samples with (rollout.Play.seed; each reply's own seed is hashed from
+    it, rollout.reply_seed): a pure function of the run's seed and the step, so a resumed run samples as an
+    uninterrupted one. Step -1 is the in-training evaluation's; the self-imitation control plays as step 3."""
+    return (seed * 7919 + step) * 131

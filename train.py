@@ -19,8 +19,8 @@ is one step of AgentGym-RL (section 3; ScalingInter-RL, section 3.3), numbered a
   6. log, evaluate on the validation split, checkpoint (`log_step`, `save`).
 
 The project's own studies beside the method (studies/) reach a step at two points, `run.studies.rollout`
-around step 1's rollout and `run.studies.advantages` around step 3, which give back the method's own values
-when every study is off (the default).
+around step 1's rollout and `run.studies.advantages` around step 3; with every study off (the default)
+`run.studies` is None and the step calls the method directly.
 
 Paper mode: `--tasks-file` trains on an AgentGym-RL-Data-ID task list and `--prompt-style agentgym`
 frames episodes as AgentGym's clients did (docs/paper.md, "Comparing with the paper").
@@ -46,11 +46,12 @@ from infra.peaks import phase
 from infra.distributed import all_max, all_sum, print0, sync
 from infra.runlog import (env_errors, log_episodes, log_outcomes, memory_metrics, phase_metrics, rollout_metrics,
                           trim_heap)
-from infra.stepplan import play_seed, rank_share, tasks_for_step
+from infra.stepplan import rank_share
 from infra import passes
 from infra.passes import micro_batches, pad
 from rollout import play_rounds, rollout
 from launch.startup import Run, setup
+from schedule import play_seed, tasks_for_step
 
 GAP_ALARM = 0.5  # mean |trainer - sampler| logprob per token above which a weight sync is suspect
 
@@ -187,14 +188,15 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     --rl-seconds has run out (the step then saved like a last step)."""
     cfg, d, t0, timing = run.cfg, run.d, time.perf_counter(), {}
     clock0, cpu0 = budget.now(cfg.budget_clock), time.process_time()  # --rl-seconds' clock (infra/budget.py)
-    # (1) the step's tasks and turn budget, then the rollout of this rank's share of their episodes, through
-    # the studies' first hook: what they change of the tasks and of what the step plays (studies/; none by default)
+    # (1) the step's tasks and turn budget (schedule.py), then the rollout of this rank's share of their episodes,
+    # or, with a study on, the studies' first hook: what they change of the tasks and of what the step plays (studies/)
     horizon = d.schedule.max_turns(step)
     tasks = tasks_for_step(run.train_ids, step, cfg.tasks_per_step, cfg.seed)
     play = run.play(horizon, play_seed(cfg.seed, step))
     with phase("generate"):  # its seconds split into generation, env steps and the rest (rollout's own timing)
         run.engine.wake()
-        episodes, rt = run.studies.rollout(step, tasks, lambda chosen, at: play_tasks(run, play, chosen, at))
+        episodes, rt = run.studies.rollout(step, tasks, lambda chosen, at: play_tasks(run, play, chosen, at)) \
+            if run.studies else play_tasks(run, play, tasks)
         run.engine.sleep()
     timing.update({f"time/{k}": v for k, v in rt.items()})
     trim(cfg, timing)  # what generation freed, back to the system before the update (--trim-heap)
@@ -202,17 +204,19 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     # (2) logprobs before the update: the "old" policy, the reference, the critic's values
     with phase("logprobs", timing):
         old, ref_lp, values = score_batch(run, batch)
-    # (3) advantages, with group statistics over the whole step (algorithms.advantages), through the studies'
-    # second hook: what they change of the rewards, the advantages and the update (studies/; none by default)
+    # (3) advantages, with group statistics over the whole step (algorithms.advantages), or, with a study on, the
+    # studies' second hook: what they change of the rewards, the advantages and the update (studies/)
     out_of_time, last, saves, used = step_end(run, step, clock0)
-    token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * batch["mask"] if run.kl_in_reward else None
-    shaped = run.studies.advantages(step, episodes, batch, saves,
-                                    lambda: global_advantages(cfg, d, batch, values, token_kl))
-    log_episodes(run.out, step, cfg, episodes, batch, shaped.adv, run.tokenizer, run.env_pool)  # a few, at eval steps
+    kl_in_reward = d.kl == "reward"  # REINFORCE++ puts the KL to the reference inside the reward (launch/checks.py)
+    token_kl = A.kl_penalty(old, ref_lp, cfg.kl_kind) * batch["mask"] if kl_in_reward else None
+    compute = lambda: global_advantages(cfg, d, batch, values, token_kl)  # noqa: E731
+    adv, returns, stepped, extra, anchor = run.studies.advantages(step, episodes, batch, saves, compute) \
+        if run.studies else (*compute(), True, {}, None)
+    log_episodes(run.out, step, cfg, episodes, batch, adv, run.tokenizer, run.env_pool)  # a few, at eval steps
     # (4) the update: epochs x mini-batches x micro-batches, every loss over the global token count
     with phase("update", timing):
-        stats = update(cfg, run.models, run.optimizers, Scored(batch, shaped.adv, shaped.returns, old, ref_lp, values,
-                       run.kl_in_reward), run.schedulers, cfg.seed * 31 + step, shaped.stepped, shaped.anchor)
+        stats = update(cfg, run.models, run.optimizers, Scored(batch, adv, returns, old, ref_lp, values, kl_in_reward),
+                       run.schedulers, cfg.seed * 31 + step, stepped, anchor)
     trim(cfg, timing)  # and what the update freed, before the engine wakes
     # (5) weight sync into this rank's generator
     with phase("sync", timing):
@@ -221,7 +225,7 @@ def train_step(run: Run, step: int, first: dict) -> bool:
     # (6) log, evaluate on the validation split, checkpoint
     run.spent += budget.now(cfg.budget_clock) - clock0
     timing.update({"time/step": time.perf_counter() - t0, "time/cpu_step": time.process_time() - cpu0})
-    metrics = {**rollout_metrics(episodes, horizon), **first, **shaped.metrics, **batch.get("metrics", {})}
+    metrics = {**rollout_metrics(episodes, horizon), **first, **extra, **batch.get("metrics", {})}
     if used is not None:
         metrics["budget/used"] = used
     log_step(run, step, metrics, stats, timing, last)
@@ -267,7 +271,7 @@ def score_batch(run: Run, batch: dict):
     cfg = run.cfg
     micro = micro_batches(list(range(len(batch["rewards"]))), batch["attn"].sum(1), cfg.micro_tokens)
     micro = pad(micro, all_max(len(micro)))
-    on_policy = cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and not run.kl_in_reward
+    on_policy = cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and run.d.kl != "reward"
     head = Fast(fused_head=cfg.fused_head)
     old = None if on_policy else score(run.models["policy"], batch, micro, cfg.temperature, fast=head)
     ref_lp = None
@@ -290,7 +294,7 @@ def log_step(run: Run, step: int, metrics: dict, stats: dict, timing: dict, last
     # the update's figures are over all ranks already (passes.Stats): loss terms averaged over optimizer
     # steps, per-token figures over the tokens they were computed on
     keys = ("loss", "kl", "entropy", "clip_frac", "value_loss", "grad_norm", "sampler_gap") + (
-        ("bc_nll",) if run.studies.anchor else ())
+        ("bc_nll",) if run.studies and run.studies.anchor else ())
     metrics.update({k: stats[k] for k in keys})
     metrics["idle_updates"] = stats["idle_steps"]  # optimizer steps left out: a zero gradient (update())
     metrics["skipped"] = stats["skipped_rows"] / (run.per_rank * world * cfg.ppo_epochs)

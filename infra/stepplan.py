@@ -1,7 +1,4 @@
-"""What one training step plays: its tasks, and which rank plays which of their episodes.
-
-`tasks_for_step` draws the step's tasks from the train split as a pure function of the step, so a
-resumed run sees exactly the data an uninterrupted one would.
+"""Which rank plays which of a training step's episodes (the step's tasks and seed: schedule.py).
 
 `rank_share` splits the step's `tasks x samples` episodes over the ranks. When the group size divides
 evenly, every rank plays an equal part of EVERY group. Why: the update skips a row whose advantage is
@@ -15,26 +12,6 @@ The studies' own draws and step timing are in studies/: --curriculum and --min-g
 --dynamic-sampling (dynamic.py), --sometimes-solved (solved.py).
 """
 from __future__ import annotations
-
-import random
-
-
-def tasks_for_step(train_ids: list[int], step: int, count: int, seed: int) -> list[int]:
-    """The step's tasks: consecutive slices of per-epoch shuffles of `train_ids`."""
-    out, n = [], len(train_ids)
-    for k in range(step * count, (step + 1) * count):
-        epoch, i = divmod(k, n)
-        order = list(train_ids)
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        out.append(order[i])
-    return out
-
-
-def play_seed(seed: int, step: int) -> int:
-    """The seed a training step's rollout samples with (rollout.Play.seed; each reply's own seed is hashed from
-    it, rollout.reply_seed): a pure function of the run's seed and the step, so a resumed run samples as an
-    uninterrupted one. Step -1 is the in-training evaluation's; the self-imitation control plays as step 3."""
-    return (seed * 7919 + step) * 131
 
 
 def per_rank(tasks: int, samples: int, world: int) -> int:

@@ -12,7 +12,7 @@ A run (out/ARM-seedS) or evaluation already finished is skipped, an interrupted 
 first command can be repeated after a crash. Arms whose schedules agree on their first k steps (a staged
 arm and the fixed arm of its first stage) play those steps once: a later arm of the same seed starts from
 the earlier one's checkpoint at step k, with its log rows before k. A run is a pure function of its seed
-and step (schedule.py, infra/stepplan.py, the sampling seeds), so this is the run it would have been on its own. The warm start is evaluated on the test tasks too (the
+and step (schedule.py: the tasks, the turn budget and the sampling seed), so this is the run it would have been on its own. The warm start is evaluated on the test tasks too (the
 common "before"). The figure is results/NAME/validation.png. Tests: tests/test_horizons.py
 """
 from __future__ import annotations

@@ -52,10 +52,6 @@ class Run(Playground):
     studies: Studies | None = None   # the project's studies beside the method, off by default (studies/)
     spent: float = 0.0               # seconds of training steps in this process (--rl-seconds)
 
-    @property
-    def kl_in_reward(self) -> bool:  # REINFORCE++ puts the KL to the reference inside the reward
-        return self.d.kl == "reward"
-
 
 def setup(argv) -> Run:
     """Set up this rank's run, part by part; each part's docstring says what it does and why."""

@@ -1,6 +1,7 @@
 """The project's own studies beside the paper's method: each off by default, named by its flag, and reached by
 the training step through one object, `Studies` (hooks.py), at two points: `rollout` around step (1)'s rollout,
-`advantages` around step (3). Both give back the method's own values when every study is off. train.py,
+`advantages` around step (3). Both give back the method's own values when every study is off, and a run with
+every study off builds no hooks at all (`Studies.make` gives None: its step calls the method directly). train.py,
 rollout.py, algorithms.py and batch.py name none of them.
 
 | flag | what it changes | hook (its part) | published |

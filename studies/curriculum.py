@@ -1,5 +1,5 @@
 """Two studies of the step's groups, reached through the hooks of studies/hooks.py: which tasks a step
-draws (the method's uniform draw is infra/stepplan.py's) and when the optimizer steps.
+draws (the method's uniform draw is schedule.tasks_for_step) and when the optimizer steps.
 
 `Curriculum` (`--curriculum`) draws the step's tasks by level instead: a level's weight is the Laplace
 estimate (informative + 1) / (groups + 2) of how often its groups have been informative so far in the

@@ -1,14 +1,14 @@
 """The one object through which the training step reaches the studies (studies/__init__.py lists them):
 `Studies`, with its two hooks, `rollout` around step (1)'s rollout and `advantages` around step (3), and
-`Shaped`, what the second hook gives back. Both hooks give back the method's own values when every study is off.
+`Shaped`, what the second hook gives back. Both hooks give back the method's own values when every study is off;
+a run with every study off has no hooks at all (`Studies.make` gives None) and its step calls the method directly.
 
 Tests: python -m pytest tests/test_studies.py
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -20,14 +20,18 @@ from studies.curriculum import Accumulation, Curriculum, informative_groups
 from studies.solved import SolveRates
 
 
-@dataclass
-class Shaped:
-    """A step's advantages as the studies leave them (`Studies.advantages`), and what they decide of its update."""
+class Shaped(NamedTuple):
+    """A step's advantages as the studies leave them (`Studies.advantages`), and what they decide of its update;
+    a tuple, so that train_step unpacks it beside the method's own `(adv, returns, True, {}, None)`."""
     adv: torch.Tensor                              # (B, T) this rank's advantages
     returns: torch.Tensor                          # (B, T) and returns
     stepped: bool = True                           # the optimizer steps (--min-groups may hold it back)
-    metrics: dict = field(default_factory=dict)    # the studies' figures of the step, logged with it
+    metrics: dict | None = None                    # the studies' figures of the step, logged with it
     anchor: object = None                          # a gradient beside RL's in each optimizer step (--bc-anchor)
+
+
+STUDY_FLAGS = ("curriculum", "sometimes_solved", "dynamic_sampling", "min_groups", "refusal_penalty",
+               "positive_only", "bc_anchor")  # the config fields that turn a study of the hooks on
 
 
 class Studies:
@@ -41,11 +45,13 @@ class Studies:
         self.played: dict = {}  # what `rollout` measured of the step, logged with `advantages`' metrics
 
     @classmethod
-    def make(cls, ground: Playground, level_of, out: Path, start: int) -> "Studies":
-        """The hooks the flags turn on: `level_of` task -> level (--curriculum's levels, logged to
-        out/curriculum.jsonl from step `start`; --sometimes-solved's priors, its outcomes logged to
-        out/solved.jsonl), the imitation anchor's demonstrations played now (--bc-anchor)."""
+    def make(cls, ground: Playground, level_of, out: Path, start: int) -> "Studies | None":
+        """The hooks the flags turn on, None when they turn none on: `level_of` task -> level (--curriculum's
+        levels, logged to out/curriculum.jsonl from step `start`; --sometimes-solved's priors, its outcomes
+        logged to out/solved.jsonl), the imitation anchor's demonstrations played now (--bc-anchor)."""
         cfg = ground.cfg
+        if not any(getattr(cfg, flag) for flag in STUDY_FLAGS):
+            return None
         curriculum = Curriculum(ground.train_ids, level_of, cfg.seed, out / "curriculum.jsonl", start) \
             if cfg.curriculum else None
         solved = SolveRates(ground.train_ids, level_of, cfg.samples_per_task, cfg.sometimes_solved, cfg.seed,

@@ -42,7 +42,7 @@ from infra.passes import DUMMY_WIDTH, micro_batches, pad
 from infra.runlog import trim_heap
 from infra.framing import Framing
 from rollout import Episode, Expert, Play, Playground, play_rounds
-from infra.stepplan import play_seed
+from schedule import play_seed
 
 
 class Ranks(NamedTuple):

@@ -1,10 +1,11 @@
-"""infra/stepplan.py: the step's tasks are a pure function of the step, and every episode of every group is
+"""schedule.py and infra/stepplan.py: the step's tasks are a pure function of the step, and every episode of every group is
 played by exactly one rank, each rank holding an equal part of every group when the group size allows."""
 from collections import Counter
 
 import pytest
 
-from infra.stepplan import play_seed, rank_share, tasks_for_step
+from infra.stepplan import rank_share
+from schedule import play_seed, tasks_for_step
 
 
 @pytest.mark.parametrize("tasks, samples, world", [(8, 8, 2), (8, 4, 2), (3, 6, 3), (4, 3, 2), (5, 2, 1)])

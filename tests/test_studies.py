@@ -11,7 +11,7 @@ import torch
 import config as configs
 from rollout import Episode
 from studies import dynamic
-from studies.hooks import Studies
+from studies.hooks import STUDY_FLAGS, Studies
 from studies.solved import SolveRates
 from tests.support.one_rank import one_rank  # noqa: F401 (a fixture)
 
@@ -28,6 +28,19 @@ def test_the_method_files_name_no_study():
                 {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
                 {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
         assert not names & set(FLAGS), (name, names & set(FLAGS))
+
+
+def test_a_run_with_every_study_off_has_no_hooks_and_each_flag_builds_them():
+    """Studies.make gives None with every flag off (train_step then calls the method itself) and the hooks as
+    soon as one study's flag is on; STUDY_FLAGS names exactly the studies' flags."""
+    from types import SimpleNamespace
+    assert set(STUDY_FLAGS) == set(FLAGS)
+    ground = SimpleNamespace(cfg=configs.Config(), train_ids=list(range(8)), rank=0, world=1)
+    assert Studies.make(ground, lambda t: 0, Path("unused"), 0) is None
+    for flag, value in (("refusal_penalty", 0.05), ("positive_only", True), ("min_groups", 2),
+                        ("dynamic_sampling", 2)):
+        ground.cfg = configs.Config(**{flag: value})
+        assert isinstance(Studies.make(ground, lambda t: 0, Path("unused"), 0), Studies), flag
 
 
 def test_both_hooks_give_the_method_its_own_values_by_default():
