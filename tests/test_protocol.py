@@ -289,3 +289,15 @@ def test_a_published_one_budget_folder_regenerates_its_summary_byte_for_byte(fol
     for name in ("summary.md", "screen.json", "plateau.json", "test/tables.md", "pieces.jsonl", "protocol.json"):
         assert (results / name).read_bytes() == (published / name).read_bytes(), name
     assert not any(p.name.startswith(("epoch-", "arm-", "screen-")) for p in (tmp_path / "runs").iterdir())
+
+
+def test_the_ladder_folder_under_way_still_agrees_with_this_code():
+    """results/protocol-babyai-seed0-ladder is resumed piece by piece over many sittings: the settings it recorded
+    (env, seed, recipe, turns, screen, rule, the ladder's rules, its scale) must be the ones this code gives, or its
+    next piece would be refused (or, worse, mix two protocols)."""
+    results = ROOT / "results" / "protocol-babyai-seed0-ladder"
+    recorded = json.loads((results / "protocol.json").read_text())
+    scale = protocol.recorded_scale(results, protocol.SCALES["ladder"], {"scale": "ladder"})
+    proto = protocol.Protocol(recorded["env"], recorded["seed"], scale, ROOT / "runs", results)
+    assert protocol.recorded_code(proto) is None
+    assert {k: v for k, v in json.loads(json.dumps(proto.settings()))["scale"].items()} == recorded["scale"]
