@@ -187,6 +187,10 @@ class Config:
                           "malloc_trim): resident memory then tracks what is in use (bench/soak.py), "
                           "and the generator wakes beside it, not beside the update's peak (docs/performance.md)",
                           True)
+    mmap_threshold: float = doc("MB: C allocations of at least this size are mapped, and unmapped when freed "
+                                "(glibc mallopt M_MMAP_THRESHOLD, fixed), so a tensor the decode loop rebuilds "
+                                "each turn at a new width leaves no heap hole behind; 0: glibc's own threshold, "
+                                "which rises up to 32 MB as blocks are freed (docs/performance.md)", 0.0)
     memory_check: str = doc("before any model loads, a rank's planned peak (memplan.py) against the memory it can "
                             "have: adapt (lower --micro-tokens, turn on --checkpointing, say so), stop (a one-line "
                             "error naming the flag), off", "adapt")

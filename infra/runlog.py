@@ -61,6 +61,17 @@ def trim_heap() -> float:
     return time.perf_counter() - t
 
 
+def mmap_threshold(mb: float) -> bool:
+    """Fix glibc's mmap threshold at `mb` MB (mallopt M_MMAP_THRESHOLD): allocations at least that large are
+    mapped and go back to the system when freed, and the threshold no longer rises as blocks are freed (glibc
+    raises it up to 32 MB, after which such blocks come from the heap and leave holes). True when set; False
+    where glibc refuses the value or this is not glibc."""
+    try:
+        return bool(ctypes.CDLL(None).mallopt(-3, int(mb * 2**20)))  # -3: M_MMAP_THRESHOLD (malloc.h)
+    except (AttributeError, OSError):
+        return False
+
+
 def code_state(root: Path) -> tuple[str | None, bool | None]:
     """The git commit at `root` and whether tracked code had uncommitted changes. Files under results/ do
     not count: a long experiment (lab/protocol.py) appends its own records there while its pieces run, and

@@ -197,6 +197,8 @@ def _numbers(cfg: Config, world: int) -> str | None:
                 "is an evaluation setting (evaluate.py --temperature 0)")
     if not 0 < cfg.top_p <= 1:
         return f"--top-p must be in (0, 1], got {cfg.top_p}"
+    if not 0 <= cfg.mmap_threshold <= 32:  # glibc refuses a fixed threshold above 32 MB on 64-bit
+        return f"--mmap-threshold must be in [0, 32] MB, got {cfg.mmap_threshold}; 0 keeps glibc's own"
     try:
         schedules.parse(cfg.horizon)
     except ValueError as exc:

@@ -29,7 +29,7 @@ from engine import make_engine
 from envs.agentgym import task_ids
 from infra import checkpoint, console, lifeline, lora, memplan, peaks
 from infra.distributed import load, print0, setup_distributed, sync
-from infra.runlog import RunLog, trim_heap
+from infra.runlog import RunLog, mmap_threshold, trim_heap
 from models import resolve_model
 from infra import stepplan
 from rollout import ChatFormat, Playground
@@ -58,6 +58,8 @@ def setup(argv) -> Run:
     from transformers import AutoTokenizer
 
     asked, d = checked_config(argv)  # a broken config stops here with one line, before anything heavy
+    if asked.mmap_threshold:  # before the first large allocation (infra/runlog.mmap_threshold)
+        mmap_threshold(asked.mmap_threshold)
     planned, memory = memory_plan(asked, d)
     cfg, rank, world = process_group(planned, d, memory)
     out = Path(d.out)

@@ -1,6 +1,7 @@
 """The memory probe that each training step logs (mem/rss_mb, mem/heap_mb) and bench/soak.py reads, and the
 code state provenance.jsonl records."""
 import subprocess
+import sys
 
 import torch
 
@@ -53,3 +54,40 @@ def test_env_errors_counts_each_steps_episodes_once(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert env_errors(path) == 2 + 8 + 0
     assert env_errors(tmp_path / "none.jsonl") == 0
+
+
+MAPPED_AFTER_A_FREE = """
+import ctypes, sys, torch
+sys.path.insert(0, {root!r})
+from infra.runlog import _Mallinfo2, mmap_threshold
+if {fixed}:
+    assert mmap_threshold(1)
+info = ctypes.CDLL(None).mallinfo2
+info.restype = _Mallinfo2
+big = torch.empty(8 * 2**20, dtype=torch.uint8)  # mapped under glibc's starting threshold (128 kB)...
+del big                                           # ...and its free raises that threshold to 8 MB
+before = info().hblkhd
+held = torch.empty(4 * 2**20, dtype=torch.uint8)
+print(info().hblkhd - before)                     # bytes of the 4 MB tensor that are mapped
+"""
+
+
+def test_a_fixed_mmap_threshold_keeps_mapping_what_glibc_would_put_on_the_heap():
+    """glibc's dynamic threshold: once a mapped block is freed, blocks below its size come from the heap (where a
+    wider one cannot reuse their holes: the decode loop's per-turn KV); --mmap-threshold keeps mapping them."""
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parent.parent)
+    mapped = {}
+    for fixed in (False, True):
+        out = subprocess.run([sys.executable, "-c", MAPPED_AFTER_A_FREE.format(root=root, fixed=fixed)],
+                             capture_output=True, text=True, check=True).stdout
+        mapped[fixed] = int(out.split()[-1])
+    assert mapped[False] == 0                 # the dynamic threshold put it on the heap
+    assert mapped[True] >= 4 * 2**20          # the fixed one mapped it
+
+
+def test_an_mmap_threshold_glibc_would_not_keep_fixed_is_one_line_before_start_up():
+    import config as configs
+    from launch import checks
+    assert checks.check(configs.parse(["--mmap-threshold", "40"]), 1).startswith("--mmap-threshold must be in")
+    assert checks.check(configs.parse(["--mmap-threshold", "4"]), 1) is None
