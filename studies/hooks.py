@@ -25,8 +25,8 @@ class Shaped(NamedTuple):
     a tuple, so that train_step unpacks it beside the method's own `(adv, returns, True, {}, None)`."""
     adv: torch.Tensor                              # (B, T) this rank's advantages
     returns: torch.Tensor                          # (B, T) and returns
-    stepped: bool = True                           # the optimizer steps (--min-groups may hold it back)
-    metrics: dict | None = None                    # the studies' figures of the step, logged with it
+    stepped: bool                                  # the optimizer steps (--min-groups may hold it back)
+    metrics: dict                                  # the studies' figures of the step, logged with it
     anchor: object = None                          # a gradient beside RL's in each optimizer step (--bc-anchor)
 
 
