@@ -370,13 +370,19 @@ class Protocol:
                  "rung": 0.0, "test": per_episode * self.scale.test_tasks * self.scale.test_k}
         known = bool(epochs and vals)  # a fresh folder has nothing to estimate from
 
+        episodes = {"val": self.scale.val_tasks * self.scale.val_k, "test": self.scale.test_tasks * self.scale.test_k}
+
         def piece(name: str, family: str, show=lambda r: "", seconds: float | None = None) -> None:
             nonlocal left
             r, wall = rec(name), guess[family] if seconds is None else seconds
+            played = "" if r else self.under_way(name, episodes.get(family))
+            if played and family in episodes:  # an evaluation resumes where it stopped: only its rest is left
+                wall *= 1.0 - min(int(played.split()[0]), episodes[family]) / episodes[family]
             if r is None:
                 left += wall
             lines.append(f"  {name:<24} {'done' if r else 'to run':<7} " + (
-                f"{r['wall_s']:>6.0f} s  {show(r)}" if r else f"~{wall:>5.0f} s" if known else "~?"))
+                f"{r['wall_s']:>6.0f} s  {show(r)}" if r else (f"~{wall:>5.0f} s" if known else "~?")
+                + (f"  under way: {played}" if played else "")))
         success = lambda r: f"success {100 * r['success']:.1f}%"  # noqa: E731
         decided = self.results / "plateau.json"
         plateau = json.loads(decided.read_text()) if decided.exists() else None
@@ -410,6 +416,16 @@ class Protocol:
                + ("" if plateau else ", and more epochs while validation rises")) if known else \
             "left: not estimated yet (the folder records no epoch and validation to estimate from)"
         return "\n".join([f"{self.results} ({self.runs}):", *lines, end]) + "\n"
+
+    def under_way(self, name: str, episodes: int | None) -> str:
+        """What an unrecorded piece has done on this machine: the episodes an evaluation has played (its
+        transcripts, which a rerun keeps), or the checkpoint a training run would resume from; "" if nothing."""
+        transcripts = self.runs / name / "transcripts.jsonl"
+        if transcripts.exists():
+            played = sum(1 for line in transcripts.read_text().splitlines() if line.strip())
+            return f"{played} of {episodes} episodes played" if episodes else f"{played} episodes played"
+        latest = self.runs / name / "checkpoints" / "latest"
+        return f"resumes from {latest.read_text().strip()}" if latest.exists() else ""
 
     def rungs_status(self, piece, success, wall_per_cpu: float) -> list[str]:
         """--status's rungs (lab/ladder.py): each arm's rungs, done or to run, and the ladder's decisions once

@@ -301,3 +301,29 @@ def test_the_ladder_folder_under_way_still_agrees_with_this_code():
     proto = protocol.Protocol(recorded["env"], recorded["seed"], scale, ROOT / "runs", results)
     assert protocol.recorded_code(proto) is None
     assert {k: v for k, v in json.loads(json.dumps(proto.settings()))["scale"].items()} == recorded["scale"]
+
+
+def test_status_shows_a_piece_under_way_and_counts_only_its_rest(tmp_path):
+    """--status on a folder whose validation was stopped part-way (its transcripts kept on this machine, which
+    the rerun resumes from) says how far it got and counts only the rest as left; a training piece shows the
+    checkpoint it would resume from. Read from files alone: nothing runs."""
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "results" / "protocol-babyai-seed0-ladder", results)
+    recorded = json.loads((results / "protocol.json").read_text())
+    scale = protocol.recorded_scale(results, protocol.SCALES["ladder"], {"scale": "ladder"})
+    runs = tmp_path / "runs"
+    proto = protocol.Protocol(recorded["env"], recorded["seed"], scale, runs, results)
+    before = proto.status()
+    assert "under way" not in before
+    total = scale.val_tasks * scale.val_k
+    (runs / "val-epoch-1").mkdir(parents=True)
+    (runs / "val-epoch-1" / "transcripts.jsonl").write_text('{"task_id": 1}\n' * (total // 4))
+    (runs / "screen-dynamic" / "checkpoints").mkdir(parents=True)
+    (runs / "screen-dynamic" / "checkpoints" / "latest").write_text("step_00003\n")
+    with (results / "pieces.jsonl").open("a") as f:  # a validation of one second an episode, to estimate from
+        f.write(json.dumps({"piece": "val-elsewhere", "wall_s": 240.0, "episodes": 240, "cpu_s": 480.0}) + "\n")
+    lines = {line.split()[0]: line for line in proto.status().splitlines() if line.startswith("  ")}
+    assert f"~{3 * total // 4:>5} s" in lines["val-epoch-1"] and f"~{total:>5} s" in lines["val-screen-dynamic"]
+    assert lines["val-epoch-1"].endswith(f"under way: {total // 4} of {total} episodes played"), lines["val-epoch-1"]
+    assert lines["screen-dynamic"].endswith("under way: resumes from step_00003"), lines["screen-dynamic"]
+    assert "under way" not in lines["val-screen-dynamic"]
