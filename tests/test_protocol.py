@@ -307,8 +307,12 @@ def test_status_shows_a_piece_under_way_and_counts_only_its_rest(tmp_path):
     """--status on a folder whose validation was stopped part-way (its transcripts kept on this machine, which
     the rerun resumes from) says how far it got and counts only the rest as left; a training piece shows the
     checkpoint it would resume from. Read from files alone: nothing runs."""
-    results = tmp_path / "results"
-    shutil.copytree(ROOT / "results" / "protocol-babyai-seed0-ladder", results)
+    results, ladder = tmp_path / "results", ROOT / "results" / "protocol-babyai-seed0-ladder"
+    results.mkdir()
+    shutil.copy(ladder / "protocol.json", results)  # the ladder's settings, and its first piece alone: the
+    first = (ladder / "pieces.jsonl").read_text().splitlines()[0]  # folder as it stood before its first validation
+    assert json.loads(first)["piece"] == "epoch-1"
+    (results / "pieces.jsonl").write_text(first + "\n")
     recorded = json.loads((results / "protocol.json").read_text())
     scale = protocol.recorded_scale(results, protocol.SCALES["ladder"], {"scale": "ladder"})
     runs = tmp_path / "runs"
