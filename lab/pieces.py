@@ -69,6 +69,7 @@ class Pieces:
         if fresh and out.exists():  # a crashed piece that cannot resume starts again
             shutil.rmtree(out)
         print(f"[protocol] {name}: {' '.join(cmd[cmd.index('--nproc_per_node') + 2:])}", flush=True)
+        played_before = played(out) if kind == "eval" else 0  # a resumed evaluation plays only the rest
         before, t = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -78,6 +79,8 @@ class Pieces:
                   "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
                   "machine": machine(), **info}
         record.update(measure(out, kind, self.nproc))
+        if kind == "eval":  # what the seconds above bought: --status's estimates divide by it
+            record["episodes_timed"] = record["episodes"] - played_before
         if earlier is not None:
             record["rebuilt"] = True
             if earlier.get("weights_sha256") and record.get("weights_sha256"):
@@ -176,6 +179,12 @@ def restore(archived: Path, out: Path) -> None:
     for name in ("results.json", "piece.json"):
         if (archived / name).exists():
             shutil.copyfile(archived / name, out / name)
+
+
+def played(out: Path) -> int:
+    """Episodes an evaluation's transcripts hold (0 before it starts)."""
+    path = out / "transcripts.jsonl"
+    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0
 
 
 def measure(out: Path, kind: str, world: int) -> dict:

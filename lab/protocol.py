@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from lab import ladder
-from lab.pieces import Pieces, other_machine
+from lab.pieces import Pieces, other_machine, played
 from lab.tables import protocol_summary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -363,7 +363,8 @@ class Protocol:
         epochs = [r for r in rows if r["piece"].startswith("epoch-")]
         vals = [r for r in rows if r["piece"].startswith("val-")]
         epoch_s = sorted(r["wall_s"] for r in epochs)[len(epochs) // 2] if epochs else 0.0  # the median
-        per_episode = sum(r["wall_s"] for r in vals) / max(sum(r["episodes"] for r in vals), 1)
+        # over the episodes each record's seconds played (a resumed evaluation's record times only its rest)
+        per_episode = sum(r["wall_s"] for r in vals) / max(sum(r.get("episodes_timed", r["episodes"]) for r in vals), 1)
         wall_per_cpu = sum(r["wall_s"] for r in epochs) / max(sum(r["cpu_s"] for r in epochs), 1e-9)
         guess = {"epoch": epoch_s, "val": per_episode * self.scale.val_tasks * self.scale.val_k,
                  "screen": self.scale.screen_cpu * wall_per_cpu, "arm": self.scale.arm_cpu * wall_per_cpu,
@@ -420,10 +421,9 @@ class Protocol:
     def under_way(self, name: str, episodes: int | None) -> str:
         """What an unrecorded piece has done on this machine: the episodes an evaluation has played (its
         transcripts, which a rerun keeps), or the checkpoint a training run would resume from; "" if nothing."""
-        transcripts = self.runs / name / "transcripts.jsonl"
-        if transcripts.exists():
-            played = sum(1 for line in transcripts.read_text().splitlines() if line.strip())
-            return f"{played} of {episodes} episodes played" if episodes else f"{played} episodes played"
+        if (self.runs / name / "transcripts.jsonl").exists():
+            n = played(self.runs / name)
+            return f"{n} of {episodes} episodes played" if episodes else f"{n} episodes played"
         latest = self.runs / name / "checkpoints" / "latest"
         return f"resumes from {latest.read_text().strip()}" if latest.exists() else ""
 

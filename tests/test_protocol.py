@@ -91,6 +91,7 @@ def test_every_piece_runs_and_the_result_folder_holds_what_each_measured(smoke):
     assert names[:4] == ["epoch-1", "val-epoch-1", "epoch-2", "val-epoch-2"]  # patience 1: two epochs
     assert {"arm-rl", "arm-imitation", "arm-self", "test-wstar", "test-rl", "test-imitation", "test-self"} <= set(names)
     assert all(p["wall_s"] > 0 and p["cpu_s"] > 0 and p["machine"] for p in pieces)
+    assert all(p["episodes_timed"] == p["episodes"] > 0 for p in pieces if p["kind"] == "eval")  # none resumed
     demos = json.loads((results / "demos.json").read_text())
     assert len(demos["tasks"]) == protocol.SCALES["smoke"].demo_tasks  # the finite set, recorded
     arms = {p["piece"]: p for p in pieces}
@@ -324,8 +325,9 @@ def test_status_shows_a_piece_under_way_and_counts_only_its_rest(tmp_path):
     (runs / "val-epoch-1" / "transcripts.jsonl").write_text('{"task_id": 1}\n' * (total // 4))
     (runs / "screen-dynamic" / "checkpoints").mkdir(parents=True)
     (runs / "screen-dynamic" / "checkpoints" / "latest").write_text("step_00003\n")
-    with (results / "pieces.jsonl").open("a") as f:  # a validation of one second an episode, to estimate from
-        f.write(json.dumps({"piece": "val-elsewhere", "wall_s": 240.0, "episodes": 240, "cpu_s": 480.0}) + "\n")
+    with (results / "pieces.jsonl").open("a") as f:  # a validation resumed half-way, one second an episode it timed
+        f.write(json.dumps({"piece": "val-elsewhere", "wall_s": 240.0, "episodes": 480, "episodes_timed": 240,
+                            "cpu_s": 480.0}) + "\n")
     lines = {line.split()[0]: line for line in proto.status().splitlines() if line.startswith("  ")}
     assert f"~{3 * total // 4:>5} s" in lines["val-epoch-1"] and f"~{total:>5} s" in lines["val-screen-dynamic"]
     assert lines["val-epoch-1"].endswith(f"under way: {total // 4} of {total} episodes played"), lines["val-epoch-1"]
