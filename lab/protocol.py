@@ -376,14 +376,14 @@ class Protocol:
         def piece(name: str, family: str, show=lambda r: "", seconds: float | None = None) -> None:
             nonlocal left
             r, wall = rec(name), guess[family] if seconds is None else seconds
-            played = "" if r else self.under_way(name, episodes.get(family))
-            if played and family in episodes:  # an evaluation resumes where it stopped: only its rest is left
-                wall *= 1.0 - min(int(played.split()[0]), episodes[family]) / episodes[family]
+            n, so_far = (0, "") if r else self.under_way(name, episodes.get(family))
+            if n and family in episodes:  # an evaluation resumes where it stopped: only its rest is left
+                wall *= 1.0 - min(n, episodes[family]) / episodes[family]
             if r is None:
                 left += wall
             lines.append(f"  {name:<24} {'done' if r else 'to run':<7} " + (
                 f"{r['wall_s']:>6.0f} s  {show(r)}" if r else (f"~{wall:>5.0f} s" if known else "~?")
-                + (f"  under way: {played}" if played else "")))
+                + (f"  under way: {so_far}" if so_far else "")))
         success = lambda r: f"success {100 * r['success']:.1f}%"  # noqa: E731
         decided = self.results / "plateau.json"
         plateau = json.loads(decided.read_text()) if decided.exists() else None
@@ -418,14 +418,14 @@ class Protocol:
             "left: not estimated yet (the folder records no epoch and validation to estimate from)"
         return "\n".join([f"{self.results} ({self.runs}):", *lines, end]) + "\n"
 
-    def under_way(self, name: str, episodes: int | None) -> str:
-        """What an unrecorded piece has done on this machine: the episodes an evaluation has played (its
-        transcripts, which a rerun keeps), or the checkpoint a training run would resume from; "" if nothing."""
-        if (self.runs / name / "transcripts.jsonl").exists():
-            n = played(self.runs / name)
-            return f"{n} of {episodes} episodes played" if episodes else f"{n} episodes played"
+    def under_way(self, name: str, episodes: int | None) -> tuple[int, str]:
+        """What an unrecorded piece has done on this machine, as (episodes played, words): the episodes an
+        evaluation has played (its transcripts, which a rerun keeps), or the checkpoint a training run would
+        resume from; (0, "") if nothing."""
+        if n := played(self.runs / name):
+            return n, f"{n} of {episodes} episodes played" if episodes else f"{n} episodes played"
         latest = self.runs / name / "checkpoints" / "latest"
-        return f"resumes from {latest.read_text().strip()}" if latest.exists() else ""
+        return 0, f"resumes from {latest.read_text().strip()}" if latest.exists() else ""
 
     def rungs_status(self, piece, success, wall_per_cpu: float) -> list[str]:
         """--status's rungs (lab/ladder.py): each arm's rungs, done or to run, and the ladder's decisions once
