@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import protocol
+from lab import protocol, status
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -285,7 +285,7 @@ def test_a_published_one_budget_folder_regenerates_its_summary_byte_for_byte(fol
     if before["seed"] != 0:  # a later seed reads seed 0's screen from its sibling folder
         sibling = folder.replace("seed1", "seed0")
         shutil.copytree(ROOT / "results" / sibling, tmp_path / sibling)
-    assert " to run " not in proto.status()  # every piece recorded: the rerun trains nothing
+    assert " to run " not in status.report(proto)  # every piece recorded: the rerun trains nothing
     proto.main()
     for name in ("summary.md", "screen.json", "plateau.json", "test/tables.md", "pieces.jsonl", "protocol.json"):
         assert (results / name).read_bytes() == (published / name).read_bytes(), name
@@ -318,7 +318,7 @@ def test_status_shows_a_piece_under_way_and_counts_only_its_rest(tmp_path):
     scale = protocol.recorded_scale(results, protocol.SCALES["ladder"], {"scale": "ladder"})
     runs = tmp_path / "runs"
     proto = protocol.Protocol(recorded["env"], recorded["seed"], scale, runs, results)
-    before = proto.status()
+    before = status.report(proto)
     assert "under way" not in before
     total = scale.val_tasks * scale.val_k
     (runs / "val-epoch-1").mkdir(parents=True)
@@ -328,7 +328,7 @@ def test_status_shows_a_piece_under_way_and_counts_only_its_rest(tmp_path):
     with (results / "pieces.jsonl").open("a") as f:  # a validation resumed half-way, one second an episode it timed
         f.write(json.dumps({"piece": "val-elsewhere", "wall_s": 240.0, "episodes": 480, "episodes_timed": 240,
                             "cpu_s": 480.0}) + "\n")
-    lines = {line.split()[0]: line for line in proto.status().splitlines() if line.startswith("  ")}
+    lines = {line.split()[0]: line for line in status.report(proto).splitlines() if line.startswith("  ")}
     assert f"~{3 * total // 4:>5} s" in lines["val-epoch-1"] and f"~{total:>5} s" in lines["val-screen-dynamic"]
     assert lines["val-epoch-1"].endswith(f"under way: {total // 4} of {total} episodes played"), lines["val-epoch-1"]
     assert lines["screen-dynamic"].endswith("under way: resumes from step_00003"), lines["screen-dynamic"]
