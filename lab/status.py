@@ -16,17 +16,21 @@ from lab.pieces import played
 def report(proto) -> str:
     """Where the protocol stands, from the result folder and this machine's runs/ (runs nothing): each piece
     recorded, with what it measured, or still to run, and the wall seconds left, estimated from this
-    folder's own records (an epoch's and a validation's wall; a budgeted piece's CPU seconds at the epochs'
-    CPU-to-wall ratio; a test at the validations' seconds an episode)."""
+    folder's own records: an epoch's and a validation episode's CPU seconds (a test at the validations'),
+    a budgeted piece's own, each turned into wall seconds at the quietest wall-to-CPU ratio its kind
+    recorded. A run paused for a measurement (SIGSTOP) or sharing its cores gains wall seconds but hardly
+    any CPU seconds, so the quietest record is the nearest to the piece alone on its cores."""
     rec, lines, left = proto.pieces.recorded, [], 0.0
     rows = [json.loads(x) for x in (proto.results / "pieces.jsonl").read_text().splitlines() if x.strip()] \
         if (proto.results / "pieces.jsonl").exists() else []
     epochs = [r for r in rows if r["piece"].startswith("epoch-")]
     vals = [r for r in rows if r["piece"].startswith("val-")]
-    epoch_s = sorted(r["wall_s"] for r in epochs)[len(epochs) // 2] if epochs else 0.0  # the median
+    quiet = lambda rs: min((r["wall_s"] / r["cpu_s"] for r in rs if r.get("cpu_s")), default=1.0)  # noqa: E731
+    wall_per_cpu = quiet(epochs)
+    epoch_s = sorted(r["cpu_s"] for r in epochs)[len(epochs) // 2] * wall_per_cpu if epochs else 0.0  # the median
     # over the episodes each record's seconds played (a resumed evaluation's record times only its rest)
-    per_episode = sum(r["wall_s"] for r in vals) / max(sum(r.get("episodes_timed", r["episodes"]) for r in vals), 1)
-    wall_per_cpu = sum(r["wall_s"] for r in epochs) / max(sum(r["cpu_s"] for r in epochs), 1e-9)
+    per_episode = quiet(vals) * sum(r["cpu_s"] for r in vals) / max(
+        sum(r.get("episodes_timed", r["episodes"]) for r in vals), 1)
     guess = {"epoch": epoch_s, "val": per_episode * proto.scale.val_tasks * proto.scale.val_k,
              "screen": proto.scale.screen_cpu * wall_per_cpu, "arm": proto.scale.arm_cpu * wall_per_cpu,
              "rung": 0.0, "test": per_episode * proto.scale.test_tasks * proto.scale.test_k}

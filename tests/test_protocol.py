@@ -330,6 +330,9 @@ def test_status_shows_a_piece_under_way_and_counts_only_its_rest(tmp_path):
                             "cpu_s": 480.0}) + "\n")
     lines = {line.split()[0]: line for line in status.report(proto).splitlines() if line.startswith("  ")}
     assert f"~{3 * total // 4:>5} s" in lines["val-epoch-1"] and f"~{total:>5} s" in lines["val-screen-dynamic"]
+    with (results / "pieces.jsonl").open("a") as f:  # the same work paused for an hour: wall, not CPU, grows
+        f.write(json.dumps({"piece": "val-paused", "wall_s": 3840.0, "episodes": 240, "cpu_s": 480.0}) + "\n")
+    assert lines == {line.split()[0]: line for line in status.report(proto).splitlines() if line.startswith("  ")}
     assert lines["val-epoch-1"].endswith(f"under way: {total // 4} of {total} episodes played"), lines["val-epoch-1"]
     assert lines["screen-dynamic"].endswith("under way: resumes from step_00003"), lines["screen-dynamic"]
     assert "under way" not in lines["val-screen-dynamic"]
