@@ -76,8 +76,17 @@ def expert_play(max_turns: int, max_context: int, framing: Framing = Framing(),
 def expert_episodes(chat, envs: list, make_env, task_ids: list[int], play: Play, pool=None) -> list[Episode]:
     """Expert episodes of `task_ids`, in order (task j on envs[j % len(envs)]), played by the RL rollout's
     own loop with the env's solver as the actor, so each is recorded exactly as a sampled episode would be;
-    `play`: `expert_play`'s."""
-    return play_rounds(Expert(chat), chat, envs, make_env, [(t, 0) for t in task_ids], play, pool)
+    `play`: `expert_play`'s. An episode whose expert timed out is played once more, on a fresh env: the
+    timeout is wall-clock, so a run paused for a measurement (SIGSTOP) or starved of its cores trips it
+    with no fault of the expert's, and a finite demonstration set must not shrink by a pause (a 25-minute
+    pause cost seed 0's ladder 3 of its 278 demonstrations in one epoch). A real hang costs twice the wait."""
+    episodes = play_rounds(Expert(chat), chat, envs, make_env, [(t, 0) for t in task_ids], play, pool)
+    again = [i for i, ep in enumerate(episodes) if ep.end == "expert_error" and ep.error.startswith("TimeoutError")]
+    if again:
+        redone = play_rounds(Expert(chat), chat, envs, make_env, [(episodes[i].task_id, 0) for i in again], play, pool)
+        for i, ep in zip(again, redone):
+            episodes[i] = ep
+    return episodes
 
 
 def demo_tasks(train_ids: list[int], count: int, seed: int) -> list[int]:

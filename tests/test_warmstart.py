@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,27 @@ def test_bot_crash_is_one_failed_demonstration(chat):
     ok = warmstart.expert_episodes(chat, [env], type(env), [1],
                                    warmstart.expert_play(40, 8192))[0]  # the same instance goes on
     assert ok.success and ok.end == "done" and not ok.error
+
+
+class StallsOnce(BabyAI):
+    """BabyAI whose bot stalls once, past the play's timeout, as a run paused mid-demonstration does."""
+    stalled = False
+
+    def expert(self):
+        if not StallsOnce.stalled:
+            StallsOnce.stalled = True
+            time.sleep(3.0)
+        return super().expert()
+
+
+def test_an_expert_timed_out_by_a_stall_is_played_again_and_the_demonstration_kept(chat):
+    play = warmstart.expert_play(8, 2048, env_timeout=1.0)
+    envs = [StallsOnce(brief=True), StallsOnce(brief=True)]
+    eps = warmstart.expert_episodes(chat, envs, lambda: StallsOnce(brief=True), [0, 1], play)
+    assert StallsOnce.stalled and [e.task_id for e in eps] == [0, 1]
+    assert all(e.end != "expert_error" for e in eps), [e.error for e in eps]
+    plain = warmstart.expert_episodes(chat, [BabyAI(brief=True)], BabyAI, [0, 1], warmstart.expert_play(8, 2048))
+    assert [e.ids for e in eps] == [e.ids for e in plain]  # the same demonstrations as without the stall
 
 
 def test_train_with_a_crashing_demonstration_runs_to_the_end(tmp_path):
