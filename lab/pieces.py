@@ -57,10 +57,13 @@ class Pieces:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
         return next((r for r in reversed(rows) if r["piece"] == name), None)
 
-    def run(self, name: str, cmd, kind: str, fresh: bool = True, reuse: bool = False, **info) -> dict:
+    def run(self, name: str, cmd, kind: str, fresh: bool = True, reuse: bool = False, expect: dict | None = None,
+            **info) -> dict:
         """Run `cmd()` as piece `name` unless finished; record its wall and CPU seconds (the whole process
         tree: every rank, its generator and env threads) and what it measured; publish the record. `cmd` is a
-        callable, so that a finished piece never builds a command (nor the models that command starts from)."""
+        callable, so that a finished piece never builds a command (nor the models that command starts from).
+        `expect`: values the piece must measure (an epoch's demonstrations: the finite set's size), else it
+        stops unrecorded, so that its rerun plays it again."""
         if (record := self.done(name, reuse or kind == "eval")) is not None:
             return record
         earlier = self.recorded(name)  # finished on another machine, whose files this one lacks: built again
@@ -79,6 +82,9 @@ class Pieces:
                   "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
                   "machine": machine(), **info}
         record.update(measure(out, kind, self.nproc))
+        if wrong := {k: record.get(k) for k, v in (expect or {}).items() if record.get(k) != v}:
+            raise SystemExit(f"error: piece {name} measured {wrong}, not {expect}: its log says why (an expert "
+                             f"that failed?); rerun the same command to run it again")
         if kind == "eval":  # what the seconds above bought: --status's estimates divide by it
             record["episodes_timed"] = record["episodes"] - played_before
         if earlier is not None:

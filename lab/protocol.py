@@ -224,8 +224,9 @@ class Protocol:
     def epoch_model(self, e: int) -> Path:
         """Epoch e's model on this machine, built (again) when missing: each epoch starts from the last's."""
         start = self.scale.model if e == 1 else str(self.epoch_model(e - 1))
+        first = self.pieces.recorded("epoch-1") if e > 1 else None  # every epoch imitates the same finite set
         self.pieces.run(f"epoch-{e}", lambda: self.imitate(start, self.runs / f"epoch-{e}", self.seed * 100 + e),
-                        "imitation", epoch=e)
+                        "imitation", expect={"demonstrations": first["demonstrations"]} if first else None, epoch=e)
         return self.runs / f"epoch-{e}" / "warmstart"
 
     def plateau(self) -> list[dict]:

@@ -242,6 +242,28 @@ def test_a_piece_finished_before_logs_were_kept_has_them_copied_when_next_read(t
     assert pieces.done("arm-self") is None and not (results / "train" / "arm-self").exists()
 
 
+def test_an_epoch_that_imitated_other_than_the_finite_set_stops_unrecorded_and_its_rerun_plays_it_again(tmp_path):
+    """An epoch whose demonstrations differ from epoch 1's (an expert that timed out, say) is not recorded:
+    the protocol stops in one line and the rerun trains the piece again from nothing."""
+    from lab.pieces import Pieces
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    results.mkdir()
+    pieces = Pieces(runs, results, nproc=1)
+
+    def imitation(n: int):  # an imitation piece's files, as train.py leaves them, with n demonstrations
+        code = ("import json, pathlib, sys; out = pathlib.Path(sys.argv[-1]); (out / 'warmstart').mkdir(parents=True, "
+                f"exist_ok=True); (out / 'warmstart.jsonl').write_text(json.dumps({{'demonstrations': {n}, "
+                "'optimizer_steps': 18}) + chr(10))")
+        return lambda: [sys.executable, "-c", code, "--nproc_per_node", "1", str(runs / "epoch-2")]
+
+    with pytest.raises(SystemExit, match=r"piece epoch-2 measured \{'demonstrations': 275\}, not "
+                                         r"\{'demonstrations': 278\}.*rerun"):
+        pieces.run("epoch-2", imitation(275), "imitation", expect={"demonstrations": 278}, epoch=2)
+    assert pieces.recorded("epoch-2") is None and pieces.done("epoch-2") is None
+    record = pieces.run("epoch-2", imitation(278), "imitation", expect={"demonstrations": 278}, epoch=2)
+    assert record["demonstrations"] == 278 and pieces.recorded("epoch-2")["demonstrations"] == 278
+
+
 def test_a_one_budget_folder_keeps_what_it_recorded_and_a_ladder_folder_its_rungs_and_rules(tmp_path):
     """The one-budget version records no ladder field (its protocol.json as before); a folder of it is not
     continued as a ladder, nor a ladder folder under other rungs or other rules."""
